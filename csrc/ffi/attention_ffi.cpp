@@ -1,0 +1,222 @@
+// XLA FFI handlers: decode buffers and attributes into FwdParams/BwdParams, check them, pick the kernel with the
+// same dispatch function Python asked at trace time, and launch on XLA's stream.
+//
+// Handlers are command-buffer compatible: they only launch kernels (and stream-ordered memsets) on the given
+// stream, never synchronize, allocate or read device data on the host.
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <string>
+
+#include "ffi/dispatch.h"
+#include "ffi/kernel_table.h"
+#include "flashjax/params.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace flashjax {
+namespace {
+
+// Compute capability per device ordinal, read once: attribute queries are cheap but need no repeating.
+int device_sm(int32_t ordinal) {
+  static std::array<std::atomic<int>, 64> cache{};
+  if (ordinal < 0 || ordinal >= static_cast<int32_t>(cache.size())) return 0;
+  int sm = cache[ordinal].load(std::memory_order_relaxed);
+  if (sm == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal) != cudaSuccess) {
+      return 0;
+    }
+    sm = major * 10 + minor;
+    cache[ordinal].store(sm, std::memory_order_relaxed);
+  }
+  return sm;
+}
+
+ffi::Error invalid(const std::string& what) { return ffi::Error::InvalidArgument("flashjax: " + what); }
+
+std::string dims_str(ffi::Span<const int64_t> dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// Fills shapes, contiguous strides and semantics from q [B, Sq, Hq, D] and k [B, Sk, Hk, D]; checks that
+// every tensor agrees (Python validated already; this guards against a mismatched lowering).
+ffi::Error fill_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                      float softmax_scale, float softcap, int32_t window_left, int32_t window_right) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
+    return invalid("q, k, v must be rank 4 [B, S, H, D], got " + dims_str(qd) + ", " + dims_str(kd) + ", " +
+                   dims_str(vd));
+  }
+  if (q.element_type() != k.element_type() || q.element_type() != v.element_type()) {
+    return invalid("q, k, v must share one dtype");
+  }
+  if (q.element_type() == ffi::DataType::F16) {
+    p.dtype = DType::kFloat16;
+  } else if (q.element_type() == ffi::DataType::BF16) {
+    p.dtype = DType::kBFloat16;
+  } else {
+    return invalid("q, k, v must be float16 or bfloat16");
+  }
+  p.batch = static_cast<int32_t>(qd[0]);
+  p.seqlen_q = static_cast<int32_t>(qd[1]);
+  p.heads_q = static_cast<int32_t>(qd[2]);
+  p.head_dim = static_cast<int32_t>(qd[3]);
+  p.seqlen_k = static_cast<int32_t>(kd[1]);
+  p.heads_k = static_cast<int32_t>(kd[2]);
+  if (kd[0] != qd[0] || kd[3] != qd[3] || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != qd[3] ||
+      p.heads_k == 0 || p.heads_q % p.heads_k != 0) {
+    return invalid("inconsistent shapes q " + dims_str(qd) + ", k " + dims_str(kd) + ", v " + dims_str(vd));
+  }
+  const int64_t D = p.head_dim;
+  p.q_head_stride = p.o_head_stride = D;
+  p.q_row_stride = p.o_row_stride = D * p.heads_q;
+  p.q_batch_stride = p.o_batch_stride = p.q_row_stride * p.seqlen_q;
+  p.k_head_stride = p.v_head_stride = D;
+  p.k_row_stride = p.v_row_stride = D * p.heads_k;
+  p.k_batch_stride = p.v_batch_stride = p.k_row_stride * p.seqlen_k;
+  p.lse_head_stride = p.seqlen_q;
+  p.lse_batch_stride = static_cast<int64_t>(p.seqlen_q) * p.heads_q;
+  p.softmax_scale = softmax_scale;
+  p.softcap = softcap;
+  p.window_left = window_left;
+  p.window_right = window_right;
+  return ffi::Error::Success();
+}
+
+template <typename Params>
+ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cudaStream_t stream) {
+  ProblemKey key;
+  key.direction = direction;
+  key.dtype = params.dtype;
+  key.head_dim = params.head_dim;
+  const Choice choice = choose_kernel(device_sm(ordinal), compiled_archs(), key, kernel_table());
+  if (choice.kernel == nullptr) return invalid(choice.reason);
+  using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
+  const cudaError_t err = reinterpret_cast<LaunchFn>(choice.kernel->launch)(params, stream);
+  if (err != cudaSuccess) {
+    return ffi::Error::Internal(std::string("flashjax: kernel launch failed: ") + cudaGetErrorString(err));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::Buffer<ffi::F32> sinks, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                    bool has_sinks, float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+  FwdParams p;
+  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
+    return err;
+  }
+  if (has_sinks && sinks.element_count() != static_cast<size_t>(p.heads_q)) {
+    return invalid("sinks must have Hq elements");
+  }
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.sinks = has_sinks ? sinks.typed_data() : nullptr;
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  return launch(ordinal, Direction::kFwd, p, stream);
+}
+
+ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> dlse,
+                    ffi::Buffer<ffi::F32> sinks, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                    ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_sinks, float softcap,
+                    float softmax_scale, int32_t window_left, int32_t window_right) {
+  BwdParams p;
+  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
+    return err;
+  }
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q;
+  const int64_t rounded = dpsum->element_count() / (rows > 0 ? rows : 1);
+  if (rounded < p.seqlen_q || dq_accum->element_count() < static_cast<size_t>(rows * rounded * p.head_dim) ||
+      lse_log2->element_count() != dpsum->element_count()) {
+    return invalid("backward workspace is smaller than the problem needs");
+  }
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.o = o.untyped_data();
+  p.lse = lse.typed_data();
+  p.dout = dout.untyped_data();
+  p.dlse = has_dlse ? dlse.typed_data() : nullptr;
+  p.sinks = has_sinks ? sinks.typed_data() : nullptr;
+  p.dq = dq->untyped_data();
+  p.dk = dk->untyped_data();
+  p.dv = dv->untyped_data();
+  p.dsinks = has_sinks ? dsinks->typed_data() : nullptr;
+  p.do_batch_stride = p.dq_batch_stride = p.q_batch_stride;
+  p.do_row_stride = p.dq_row_stride = p.q_row_stride;
+  p.do_head_stride = p.dq_head_stride = p.q_head_stride;
+  p.dk_batch_stride = p.dv_batch_stride = p.k_batch_stride;
+  p.dk_row_stride = p.dv_row_stride = p.k_row_stride;
+  p.dk_head_stride = p.dv_head_stride = p.k_head_stride;
+  p.dq_accum = dq_accum->typed_data();
+  p.dpsum = dpsum->typed_data();
+  p.lse_log2 = lse_log2->typed_data();
+  p.seqlen_q_rounded = static_cast<int32_t>(rounded);
+  if (!has_sinks && dsinks->element_count() > 0) {
+    // Keep the unused output defined: XLA may hand it to other ops.
+    cudaMemsetAsync(dsinks->typed_data(), 0, dsinks->size_bytes(), stream);
+  }
+  return launch(ordinal, Direction::kBwd, p, stream);
+}
+
+}  // namespace
+}  // namespace flashjax
+
+// The handler symbols are the library's interface: visible despite -fvisibility=hidden (exports.map keeps only
+// flashjax_*). Attributes are bound in name order, the order XLA passes them in.
+#pragma GCC visibility push(default)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()            // q
+                                  .Arg<ffi::AnyBuffer>()            // k
+                                  .Arg<ffi::AnyBuffer>()            // v
+                                  .Arg<ffi::Buffer<ffi::F32>>()     // sinks [Hq] (ignored unless has_sinks)
+                                  .Ret<ffi::AnyBuffer>()            // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()            // q
+                                  .Arg<ffi::AnyBuffer>()            // k
+                                  .Arg<ffi::AnyBuffer>()            // v
+                                  .Arg<ffi::AnyBuffer>()            // o
+                                  .Arg<ffi::Buffer<ffi::F32>>()     // lse
+                                  .Arg<ffi::AnyBuffer>()            // dout
+                                  .Arg<ffi::Buffer<ffi::F32>>()     // dlse (ignored unless has_dlse)
+                                  .Arg<ffi::Buffer<ffi::F32>>()     // sinks
+                                  .Ret<ffi::AnyBuffer>()            // dq
+                                  .Ret<ffi::AnyBuffer>()            // dk
+                                  .Ret<ffi::AnyBuffer>()            // dv
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // dsinks [Hq]
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: dq_accum
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: dpsum
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: lse_log2
+                                  .Attr<bool>("has_dlse")
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+#pragma GCC visibility pop

@@ -1,0 +1,60 @@
+// Plain C entry points that Python reads through ctypes, with no GPU needed: build information and the
+// dispatch decision (so that flashjax.explain and backend="auto" use the one function the handlers use).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "ffi/dispatch.h"
+#include "ffi/kernel_table.h"
+
+#define FLASHJAX_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+const char* dtype_json(flashjax::DType d) { return d == flashjax::DType::kFloat16 ? "fp16" : "bf16"; }
+
+std::string build_info_json() {
+  std::string archs, kernels;
+  for (const std::string& a : flashjax::compiled_archs()) archs += (archs.empty() ? "\"" : ", \"") + a + "\"";
+  for (const flashjax::KernelEntry& e : flashjax::kernel_table()) {
+    kernels += std::string(kernels.empty() ? "" : ", ") + "{\"family\": \"" + e.family + "\", \"direction\": \"" +
+               (e.direction == flashjax::Direction::kFwd ? "fwd" : "bwd") + "\", \"dtype\": \"" +
+               dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) + "}";
+  }
+  return std::string("{\"version\": \"") + FLASHJAX_VERSION + "\", \"kernel_set\": \"" + FLASHJAX_KERNEL_SET +
+         "\", \"cuda_archs\": [" + archs + "], \"cuda_version\": " + std::to_string(CUDART_VERSION) +
+         ", \"bwd_seqlen_q_rounding\": 128, \"kernels\": [" + kernels + "]}";
+}
+
+}  // namespace
+
+// JSON describing this build; the string lives as long as the library.
+FLASHJAX_EXPORT const char* flashjax_build_info() {
+  static const std::string info = build_info_json();
+  return info.c_str();
+}
+
+// Returns the kernel table index chosen for the call, or -1; writes the reason (NUL-terminated, truncated to
+// reason_len) either way.
+FLASHJAX_EXPORT int flashjax_choose_kernel(int device_sm, int direction, int dtype, int head_dim, int varlen,
+                                           int mask_mod, char* reason, int reason_len) {
+  flashjax::ProblemKey key;
+  key.direction = static_cast<flashjax::Direction>(direction);
+  key.dtype = static_cast<flashjax::DType>(dtype);
+  key.head_dim = head_dim;
+  key.varlen = varlen != 0;
+  key.mask_mod = mask_mod != 0;
+  const auto& table = flashjax::kernel_table();
+  const flashjax::Choice choice = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key, table);
+  if (reason != nullptr && reason_len > 0) {
+    const size_t n = std::min(choice.reason.size(), static_cast<size_t>(reason_len - 1));
+    std::memcpy(reason, choice.reason.data(), n);
+    reason[n] = '\0';
+  }
+  return choice.kernel == nullptr ? -1 : static_cast<int>(choice.kernel - table.data());
+}
+
+// The compiled head width a call of head dim `head_dim` is zero-padded to; 0 when none holds it.
+FLASHJAX_EXPORT int flashjax_padded_head_dim(int head_dim) { return flashjax::padded_head_dim(head_dim); }

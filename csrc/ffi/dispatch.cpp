@@ -1,0 +1,102 @@
+#include "ffi/dispatch.h"
+
+#include <charconv>
+
+namespace flashjax {
+namespace {
+
+int family_min_sm(std::string_view family) {
+  // Families are named by the arch they are written for; every later arch runs them too (sm80's mma.sync).
+  int sm = 0;
+  std::from_chars(family.data() + 2, family.data() + family.size(), sm);
+  return sm;
+}
+
+const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
+const char* direction_name(Direction d) { return d == Direction::kFwd ? "forward" : "backward"; }
+
+}  // namespace
+
+bool arch_runs_on(std::string_view compiled_arch, int device_sm) {
+  // CMake spellings: "90a-real" is SASS only; "80-virtual" is PTX only, which the driver compiles for any later
+  // device; a bare "80" carries both.
+  bool ptx = true;
+  if (const size_t dash = compiled_arch.find('-'); dash != std::string_view::npos) {
+    const std::string_view kind = compiled_arch.substr(dash + 1);
+    if (kind != "real" && kind != "virtual") return false;
+    ptx = kind == "virtual";
+    compiled_arch = compiled_arch.substr(0, dash);
+  }
+  const bool arch_specific = !compiled_arch.empty() && compiled_arch.back() == 'a';
+  if (arch_specific) compiled_arch.remove_suffix(1);
+  int sm = 0;
+  auto [end, err] = std::from_chars(compiled_arch.data(), compiled_arch.data() + compiled_arch.size(), sm);
+  if (err != std::errc() || end != compiled_arch.data() + compiled_arch.size()) return false;
+  if (arch_specific) return sm == device_sm;
+  if (ptx) return sm <= device_sm;
+  return sm / 10 == device_sm / 10 && sm <= device_sm;
+}
+
+int32_t padded_head_dim(int32_t head_dim) {
+  for (int32_t width : {64, 96, 128, 192, 256}) {
+    if (head_dim <= width) return width;
+  }
+  return 0;
+}
+
+std::vector<std::string> split_archs(std::string_view archs) {
+  std::vector<std::string> out;
+  while (!archs.empty()) {
+    const size_t cut = archs.find_first_of(",;");
+    std::string_view item = archs.substr(0, cut);
+    if (!item.empty()) out.emplace_back(item);
+    if (cut == std::string_view::npos) break;
+    archs.remove_prefix(cut + 1);
+  }
+  return out;
+}
+
+Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
+                     const std::vector<KernelEntry>& table) {
+  Choice choice;
+  if (problem.varlen) {
+    choice.reason = "no kernel implements varlen (packed) attention yet";
+    return choice;
+  }
+  if (problem.mask_mod) {
+    choice.reason = "no kernel implements mask_mod yet";
+    return choice;
+  }
+  bool code_for_device = false;
+  for (const std::string& arch : compiled_archs) code_for_device |= arch_runs_on(arch, device_sm);
+  if (!code_for_device) {
+    std::string archs;
+    for (const std::string& arch : compiled_archs) archs += (archs.empty() ? "" : ", ") + ("sm_" + arch);
+    choice.reason = "the library holds no code for sm_" + std::to_string(device_sm) + " (built for " +
+                    (archs.empty() ? std::string("no architecture") : archs) + ")";
+    return choice;
+  }
+  // Among the entries that fit, prefer the family written for the newest arch the device has (the table is
+  // small; a linear scan keeps the rule obvious).
+  for (const KernelEntry& entry : table) {
+    if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
+        entry.head_dim != problem.head_dim || family_min_sm(entry.family) > device_sm) {
+      continue;
+    }
+    if (choice.kernel == nullptr || family_min_sm(entry.family) > family_min_sm(choice.kernel->family)) {
+      choice.kernel = &entry;
+    }
+  }
+  if (choice.kernel != nullptr) {
+    choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
+                    dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
+                    " (the newest family this sm_" + std::to_string(device_sm) + " device runs)";
+  } else {
+    choice.reason = std::string("no ") + direction_name(problem.direction) + " kernel for " +
+                    dtype_name(problem.dtype) + " head dim " + std::to_string(problem.head_dim) + " on sm_" +
+                    std::to_string(device_sm) + " in this build (its kernel set may be the small CI one)";
+  }
+  return choice;
+}
+
+}  // namespace flashjax

@@ -1,0 +1,53 @@
+// Dispatch: one pure function from (device arch, problem) to a kernel, able to say why it chose or refused one.
+// Host-only and free of CUDA calls so that GoogleTest covers it on machines without a GPU, and so that Python
+// (flashjax.explain, backend="auto") asks the very same function at trace time through flashjax_choose_kernel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "flashjax/params.h"
+
+namespace flashjax {
+
+enum class Direction : int32_t { kFwd = 0, kBwd = 1 };
+
+struct KernelEntry {
+  const char* family;  // "sm80": the arch family the kernel is written for (its minimum compute capability)
+  Direction direction;
+  DType dtype;
+  int32_t head_dim;
+  const void* launch;  // cudaError_t (*)(const FwdParams&, cudaStream_t) or the BwdParams twin
+};
+
+// What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
+struct ProblemKey {
+  Direction direction = Direction::kFwd;
+  DType dtype = DType::kBFloat16;
+  int32_t head_dim = 0;  // the compiled width the call is padded to
+  bool varlen = false;
+  bool mask_mod = false;
+};
+
+struct Choice {
+  const KernelEntry* kernel = nullptr;  // nullptr: no kernel runs this call; `reason` says why
+  std::string reason;
+};
+
+// True when code compiled for `compiled_arch` (CMake spelling: "80-real", "90a-real", "120", "80-virtual", ...)
+// runs on a device of compute capability `device_sm` (major*10 + minor): SASS runs on later minors of the same
+// major, PTX on any later device, "a" (arch-specific) variants only on their own arch.
+bool arch_runs_on(std::string_view compiled_arch, int device_sm);
+
+// The smallest compiled width that holds head_dim (64, 96, 128, 192, 256); 0 when head_dim > 256.
+int32_t padded_head_dim(int32_t head_dim);
+
+Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
+                     const std::vector<KernelEntry>& table);
+
+// A list separated by commas or semicolons ("80-real,90a-real") -> {"80-real", "90a-real"}.
+std::vector<std::string> split_archs(std::string_view archs);
+
+}  // namespace flashjax

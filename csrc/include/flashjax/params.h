@@ -1,0 +1,86 @@
+// The one problem descriptor shared by the FFI layer and every kernel family.
+//
+// The FFI handlers (csrc/ffi/) decode XLA buffers and attributes into these structs; kernels read nothing
+// else. Dimension letters, used everywhere in flashjax:
+//   B batch, Sq / Sk query / key sequence lengths, Hq / Hk query / key-value heads, D head dim (the compiled
+//   width: the Python layer zero-pads narrower heads, and pads V to the same width as Q/K).
+// Layouts are the JAX ones: q [B, Sq, Hq, D], k/v [B, Sk, Hk, D], o [B, Sq, Hq, D], lse [B, Hq, Sq] f32.
+// Strides are in elements and 64-bit so that tensors over 2^31 elements index correctly.
+#pragma once
+
+#include <cstdint>
+
+namespace flashjax {
+
+enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1 };
+
+// Fields every pass needs: shapes, strides, the attention semantics (DESIGN.md §2).
+struct AttnShape {
+  int32_t batch = 0;
+  int32_t seqlen_q = 0;
+  int32_t seqlen_k = 0;
+  int32_t heads_q = 0;
+  int32_t heads_k = 0;
+  int32_t head_dim = 0;  // compiled width (64, 96, 128, 192, 256); also V's width
+  DType dtype = DType::kBFloat16;
+
+  // Element strides of q/o ([B, Sq, Hq, D]) and k/v ([B, Sk, Hk, D]); the last dim is contiguous.
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  // lse [B, Hq, Sq]: row stride is 1.
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  // Semantics.
+  float softmax_scale = 1.f;  // multiplies q·k (1/sqrt(original head dim) by default, set by Python)
+  float softcap = 0.f;        // > 0: s = softcap * tanh(s / softcap), applied after scaling
+  // Bottom-right aligned band (DESIGN.md §2.3): key j visible to query i iff
+  //   j <= i + (Sk - Sq) + window_right   (when window_right >= 0)
+  //   j >= i + (Sk - Sq) - window_left    (when window_left >= 0)
+  // causal=True arrives here as window_right = 0; -1 leaves a side unbounded.
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+};
+
+// Forward: (q, k, v[, sinks]) -> (o, lse).
+struct FwdParams : AttnShape {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* sinks = nullptr;  // optional [Hq] logits joining each row's denominator
+  void* o = nullptr;
+  float* lse = nullptr;  // natural-log LSE including the sink term; -inf for an empty row without sinks
+};
+
+// Backward: (q, k, v, o, lse, do, dlse[, sinks]) -> (dq, dk, dv[, dsinks]).
+// Workspace buffers are outputs allocated by XLA and sized by Python (bwd_workspace_layout in
+// csrc/include/flashjax/workspace.h is the single definition of their sizes); kernels zero what they
+// accumulate into, so their initial contents are irrelevant.
+struct BwdParams : AttnShape {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const float* lse = nullptr;    // [B, Hq, Sq], as the forward wrote it
+  const void* dout = nullptr;    // same layout as o
+  const float* dlse = nullptr;   // optional cotangent of lse, [B, Hq, Sq]; nullptr = zero
+  const float* sinks = nullptr;  // optional [Hq]
+  void* dq = nullptr;            // same layout as q
+  void* dk = nullptr;            // same layout as k
+  void* dv = nullptr;            // same layout as v
+  float* dsinks = nullptr;       // [Hq] when sinks != nullptr
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+
+  // Workspace (f32): dq accumulator [B, Hq, Sq_rounded, D]; per-row D' = rowsum(dO∘O) - dlse and the LSE
+  // in log2 units, both [B, Hq, Sq_rounded]. Sq_rounded = round_up(Sq, 128).
+  float* dq_accum = nullptr;
+  float* dpsum = nullptr;
+  float* lse_log2 = nullptr;
+  int32_t seqlen_q_rounded = 0;
+};
+
+}  // namespace flashjax

@@ -1,0 +1,17 @@
+"""flashjax: FlashAttention for JAX, with CUDA kernels on CuTe/CUTLASS called through XLA FFI.
+
+    out = flashjax.flash_attn(q, k, v, causal=True)                       # [B, S, H, D]
+    out = flashjax.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)  # packed [T, H, D]
+    print(flashjax.explain(q, k, v, causal=True))                          # which kernel runs, and why
+
+`python -m flashjax` prints what is installed and which path typical calls take.
+"""
+from .api import explain, flash_attn, flash_attn_varlen, flash_mha, flash_mha_varlen
+from .masks import MaskMod, causal_mask, document_mask, prefix_lm_mask, sliding_window_mask, static
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "flash_attn", "flash_attn_varlen", "flash_mha", "flash_mha_varlen", "explain",
+    "MaskMod", "static", "causal_mask", "document_mask", "sliding_window_mask", "prefix_lm_mask",
+]

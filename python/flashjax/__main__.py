@@ -1,0 +1,44 @@
+"""`python -m flashjax`: what is installed, what JAX sees, and which path typical calls would take."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import __version__, _ffi, api
+
+
+def _typical_calls():
+    bf16 = jnp.bfloat16
+    spec = jax.ShapeDtypeStruct
+    yield "causal, D 128", dict(q=spec((2, 4096, 16, 128), bf16), k=spec((2, 4096, 16, 128), bf16),
+                                v=spec((2, 4096, 16, 128), bf16), causal=True)
+    yield "GQA 32/8, D 64, fp16", dict(q=spec((1, 2048, 32, 64), jnp.float16), k=spec((1, 2048, 8, 64), jnp.float16),
+                                       v=spec((1, 2048, 8, 64), jnp.float16))
+    yield "D 72 (padded), window", dict(q=spec((1, 1024, 8, 72), bf16), k=spec((1, 1024, 8, 72), bf16),
+                                        v=spec((1, 1024, 8, 72), bf16), window_size=(256, 0))
+    yield "varlen, D 128", dict(q=spec((8192, 16, 128), bf16), k=spec((8192, 16, 128), bf16),
+                                v=spec((8192, 16, 128), bf16), varlen=True)
+
+
+def main() -> None:
+    print(f"flashjax {__version__}")
+    if _ffi.available():
+        info = _ffi.build_info()
+        print(f"library: {info['path']}")
+        print(f"  version {info['version']}, CUDA {info['cuda_version']}, archs {', '.join(info['cuda_archs'])}, "
+              f"kernel set '{info['kernel_set']}' ({len(info['kernels'])} kernels)")
+        for k in info["kernels"]:
+            print(f"  {k['family']} {k['direction']} {k['dtype']} head dim {k['head_dim']}")
+    else:
+        print(f"library: not found ({_ffi.LIBRARY_NAME}); only backend='reference' runs")
+    print(f"jax {jax.__version__}; devices:")
+    for d in jax.devices():
+        cc = getattr(d, "compute_capability", None)
+        print(f"  {d.platform}:{d.id} {d.device_kind}" + (f" (compute capability {cc})" if cc else ""))
+    print("typical calls:")
+    for name, call in _typical_calls():
+        print(f"  {name}: {api.explain(**call)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Loading the compiled library (ctypes, no Python ABI) and registering its XLA FFI targets.
+
+The library is loaded once per process: a second copy from another path would register the same target names
+twice, which XLA refuses. Nothing here needs a GPU: build information and the dispatch decision are plain C
+functions, and the FFI targets are registered for the CUDA platform without touching a device.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import pathlib
+
+import jax
+
+LIBRARY_ENV = "FLASHJAX_LIBRARY"
+LIBRARY_NAME = "libflashjax.so"
+# FFI target names: stable, so that jax.export'ed calls keep resolving.
+FWD_TARGET = "flashjax_fwd"
+BWD_TARGET = "flashjax_bwd"
+
+# Enum values shared with csrc/ffi/dispatch.h and csrc/include/flashjax/params.h.
+DIRECTION = {"fwd": 0, "bwd": 1}
+DTYPE = {"float16": 0, "bfloat16": 1}
+
+
+class LibraryNotFound(RuntimeError):
+    pass
+
+
+def library_path() -> pathlib.Path | None:
+    """Where the library is: $FLASHJAX_LIBRARY, else next to this file (wheels and dev builds put it there)."""
+    env = os.environ.get(LIBRARY_ENV)
+    candidates = [pathlib.Path(env)] if env else [pathlib.Path(__file__).with_name(LIBRARY_NAME)]
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    return None
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    path = library_path()
+    if path is None:
+        raise LibraryNotFound(
+            f"flashjax's compiled library ({LIBRARY_NAME}) was not found next to {__file__} "
+            f"nor at ${LIBRARY_ENV}; build it with `pip install .` or see the README's build section")
+    lib = ctypes.CDLL(str(path))
+    lib.flashjax_build_info.restype = ctypes.c_char_p
+    lib.flashjax_choose_kernel.restype = ctypes.c_int
+    lib.flashjax_choose_kernel.argtypes = [ctypes.c_int] * 6 + [ctypes.c_char_p, ctypes.c_int]
+    lib.flashjax_padded_head_dim.restype = ctypes.c_int
+    lib.flashjax_padded_head_dim.argtypes = [ctypes.c_int]
+    return lib
+
+
+def available() -> bool:
+    try:
+        library()
+    except (LibraryNotFound, OSError):
+        return False
+    return True
+
+
+@functools.cache
+def build_info() -> dict:
+    """The library's own description: version, CUDA archs, kernel set and table (no GPU needed)."""
+    info = json.loads(library().flashjax_build_info().decode())
+    info["path"] = str(library_path())
+    return info
+
+
+def choose_kernel(device_sm: int, direction: str, dtype: str, head_dim: int, *, varlen: bool = False,
+                  mask_mod: bool = False) -> tuple[bool, str]:
+    """Ask the library's dispatcher (the same function the FFI handlers use) whether a kernel runs this call."""
+    reason = ctypes.create_string_buffer(512)
+    index = library().flashjax_choose_kernel(device_sm, DIRECTION[direction], DTYPE[dtype], head_dim,
+                                             int(varlen), int(mask_mod), reason, len(reason))
+    return index >= 0, reason.value.decode()
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return library().flashjax_padded_head_dim(head_dim)
+
+
+@functools.cache
+def register_targets() -> None:
+    """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""
+    lib = library()
+    for name in (FWD_TARGET, BWD_TARGET):
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")

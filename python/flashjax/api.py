@@ -1,0 +1,325 @@
+"""The public functions: validation at trace time, backend choice, head-dim padding, and the call."""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi, primitives, reference
+from .masks import MaskMod
+
+BACKENDS = ("auto", "kernel", "reference")
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_MAX_HEAD_DIM = 256
+_warned: set[str] = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The keywords shared by flash_attn and flash_attn_varlen, validated and resolved."""
+    causal: bool
+    window_size: tuple[int, int]
+    softmax_scale: float
+    softcap: float
+    mask_mod: MaskMod | None
+    deterministic: bool
+    backend: str
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """(left, right) with causal folded in as right = 0 (DESIGN.md §2.3); -1 = unbounded."""
+        left, right = self.window_size
+        return left, 0 if self.causal else right
+
+
+# ------------------------------------------------------------------------------------------------ validation
+def _fail(cls, name, value, expected):
+    raise cls(f"flashjax: {name} must be {expected}, got {value!r}")
+
+
+def _shape_of(name, x, rank, what):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        _fail(TypeError, name, type(x).__name__, "an array")
+    if len(shape) != rank:
+        _fail(ValueError, f"{name}.shape", tuple(shape), f"rank {rank} {what}")
+    return tuple(shape)
+
+
+def _check_qkv_dtypes(q, k, v):
+    if jnp.dtype(q.dtype) not in _DTYPES:
+        _fail(TypeError, "q.dtype", str(q.dtype), "bfloat16 or float16")
+    for name, x in (("k", k), ("v", v)):
+        if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
+            _fail(TypeError, f"{name}.dtype", str(x.dtype), f"q's dtype {q.dtype}")
+
+
+def _check_heads(q_heads, k_heads, v_heads, head_dim, k_head_dim, v_head_dim):
+    if k_heads == 0 or q_heads % k_heads != 0:
+        _fail(ValueError, "number of key heads", k_heads, f"a divisor of the query heads ({q_heads})")
+    if v_heads != k_heads:
+        _fail(ValueError, "number of value heads", v_heads, f"the key heads ({k_heads})")
+    if k_head_dim != head_dim:
+        _fail(ValueError, "k's head dim", k_head_dim, f"q's head dim ({head_dim})")
+    for name, d in (("q's head dim", head_dim), ("v's head dim", v_head_dim)):
+        if d <= 0 or d % 8 != 0 or d > _MAX_HEAD_DIM:
+            _fail(ValueError, name, d, f"a positive multiple of 8 up to {_MAX_HEAD_DIM}")
+
+
+def _check_options(*, causal, window_size, softmax_scale, sinks, softcap, mask_mod, return_lse, deterministic,
+                   backend, head_dim, heads_q) -> Options:
+    for name, value in (("causal", causal), ("return_lse", return_lse), ("deterministic", deterministic)):
+        if not isinstance(value, (bool, np.bool_)):
+            _fail(TypeError, name, value, "a bool")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size)):
+        _fail(ValueError, "window_size", window_size, "a pair of ints (left, right)")
+    if any(w < -1 for w in window_size):
+        _fail(ValueError, "window_size", window_size, "ints >= -1 (-1 leaves that side unbounded)")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / float(np.sqrt(head_dim))
+    elif not isinstance(softmax_scale, numbers.Real) or not np.isfinite(softmax_scale):
+        _fail(TypeError, "softmax_scale", softmax_scale, "a finite Python float (a static value) or None")
+    if not isinstance(softcap, numbers.Real) or not np.isfinite(softcap) or softcap < 0:
+        _fail(ValueError, "softcap", softcap, "a finite float >= 0 (0 disables it)")
+    if sinks is not None:
+        shape = getattr(sinks, "shape", None)
+        if shape is None:
+            _fail(TypeError, "sinks", type(sinks).__name__, "an array")
+        if tuple(shape) != (heads_q,):
+            _fail(ValueError, "sinks.shape", tuple(shape), f"({heads_q},), one logit per query head")
+        if jnp.dtype(sinks.dtype) != jnp.dtype(jnp.float32):
+            _fail(TypeError, "sinks.dtype", str(sinks.dtype), "float32")
+    if mask_mod is not None and not isinstance(mask_mod, MaskMod):
+        _fail(TypeError, "mask_mod", type(mask_mod).__name__, "a flashjax.MaskMod or None")
+    if backend not in BACKENDS:
+        _fail(ValueError, "backend", backend, f"one of {BACKENDS}")
+    return Options(bool(causal), (int(window_size[0]), int(window_size[1])), float(softmax_scale), float(softcap),
+                   mask_mod, bool(deterministic), backend)
+
+
+def _check_offsets(name, x, length=None):
+    if x is None:
+        return None
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        _fail(TypeError, name, type(x).__name__, "an int32 array")
+    if len(shape) != 1:
+        _fail(ValueError, f"{name}.shape", tuple(shape), "rank 1")
+    if jnp.dtype(x.dtype) != jnp.dtype(jnp.int32):
+        _fail(TypeError, f"{name}.dtype", str(x.dtype), "int32")
+    if length is not None and shape[0] != length:
+        _fail(ValueError, f"{name}.shape", tuple(shape), f"({length},)")
+    return shape[0]
+
+
+def _check_hint(name, value):
+    if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0):
+        _fail(ValueError, name, value, "a non-negative int or None")
+
+
+# ------------------------------------------------------------------------------------------------ backend choice
+def _device_sm() -> int | None:
+    """Compute capability (major*10 + minor) of the default device when it is an NVIDIA GPU, else None."""
+    device = jax.devices()[0]
+    if device.platform != "gpu":
+        return None
+    cc = getattr(device, "compute_capability", None)
+    if cc is None:
+        return None
+    major, minor = str(cc).split(".")
+    return int(major) * 10 + int(minor)
+
+
+def plan(dtype, head_dim: int, *, varlen: bool, options: Options, device_sm: int | None = None):
+    """Which implementation runs a call, and why: ("kernel" | "reference", reason).
+
+    The kernel question goes to the library's own dispatcher (csrc/ffi/dispatch.cpp), the function the FFI
+    handlers use, for both directions: "auto" takes the kernel only if it can also run the backward.
+    """
+    if options.backend == "reference":
+        return "reference", "backend='reference' was asked for"
+    reason = None
+    if device_sm is None:
+        device_sm = _device_sm()
+    if device_sm is None:
+        reason = f"the default JAX device is {jax.devices()[0].platform!r}; the kernels need an NVIDIA GPU"
+    elif not _ffi.available():
+        reason = "the compiled library libflashjax.so is not installed"
+    elif options.deterministic:
+        reason = "deterministic=True: the backward kernels accumulate dq with atomics"
+    else:
+        width = _ffi.padded_head_dim(head_dim)
+        dtype_name = jnp.dtype(dtype).name
+        for direction in ("fwd", "bwd"):
+            ok, why = _ffi.choose_kernel(device_sm, direction, dtype_name, width, varlen=varlen,
+                                         mask_mod=options.mask_mod is not None)
+            if not ok:
+                reason = why
+                break
+            if direction == "fwd":
+                chosen = why
+        if reason is None:
+            return "kernel", chosen
+    if options.backend == "kernel":
+        raise ValueError(f"flashjax: backend='kernel' but no kernel runs this call: {reason}")
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"flashjax: using the pure-JAX reference because {reason}", stacklevel=3)
+    return "reference", reason
+
+
+# ------------------------------------------------------------------------------------------------ kernel path
+def _pad_last(x, width):
+    pad = width - x.shape[-1]
+    return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
+def _kernel_attention(q, k, v, sinks, options: Options):
+    """Dense call on the kernel path: pad q/k/v to one compiled width, run the primitive, slice v's width back."""
+    width = _ffi.padded_head_dim(max(q.shape[-1], v.shape[-1]))
+    has_sinks = sinks is not None
+    sinks_arr = sinks if has_sinks else jnp.zeros((q.shape[2],), jnp.float32)
+    left, right = options.window
+    out, lse = primitives.forward(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), sinks_arr,
+                                  softmax_scale=options.softmax_scale, softcap=options.softcap,
+                                  window_left=left, window_right=right, has_sinks=has_sinks)
+    return out[..., :v.shape[-1]], lse
+
+
+def _reference_kwargs(options: Options, sinks):
+    return dict(softmax_scale=options.softmax_scale, causal=options.causal, window_size=options.window_size,
+                sinks=sinks, softcap=options.softcap, mask_mod=options.mask_mod)
+
+
+# ------------------------------------------------------------------------------------------------ public API
+def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=None, sinks=None, softcap=0.0,
+               mask_mod=None, return_lse=False, deterministic=False, backend="auto"):
+    """Attention over dense batches, FlashAttention style.
+
+    Args:
+      q: [B, Sq, Hq, D] bfloat16 or float16.
+      k: [B, Sk, Hk, D], same dtype; Hq must be a multiple of Hk (grouped-query attention).
+      v: [B, Sk, Hk, Dv], same dtype. D and Dv are multiples of 8 up to 256.
+      causal: bottom-right aligned causal mask (the last query sees the last key).
+      window_size: (left, right) local band, bottom-right aligned; -1 leaves a side unbounded. With causal=True
+        the left bound is kept and right is forced to 0.
+      softmax_scale: multiplies q·k; defaults to 1/sqrt(D).
+      sinks: optional float32 [Hq]: one learned logit per query head joining every row's softmax denominator.
+      softcap: if > 0, scores become softcap * tanh(scores / softcap) before masking.
+      mask_mod: optional flashjax.MaskMod, evaluated on raw (top-left) indices and ANDed with causal/window.
+      return_lse: also return the log-sum-exp [B, Hq, Sq] float32 (sink term included).
+      deterministic: require a run-to-run bitwise reproducible backward.
+      backend: "auto" (fastest kernel that runs the call, else the reference with a one-time warning saying why),
+        "kernel" (raise if no kernel runs it) or "reference" (pure JAX, any platform).
+
+    Returns:
+      out [B, Sq, Hq, Dv] in q's dtype, or (out, lse) with return_lse=True. A query row with no visible key gets
+      out = 0 and lse = -inf (= the sink logit with sinks) and zero gradients.
+    """
+    q_shape = _shape_of("q", q, 4, "[B, Sq, Hq, D]")
+    k_shape = _shape_of("k", k, 4, "[B, Sk, Hk, D]")
+    v_shape = _shape_of("v", v, 4, "[B, Sk, Hk, Dv]")
+    _check_qkv_dtypes(q, k, v)
+    if k_shape[0] != q_shape[0] or v_shape[0] != q_shape[0]:
+        _fail(ValueError, "batch sizes of (q, k, v)", (q_shape[0], k_shape[0], v_shape[0]), "all equal")
+    if v_shape[1] != k_shape[1]:
+        _fail(ValueError, "v.shape[1]", v_shape[1], f"k's sequence length ({k_shape[1]})")
+    _check_heads(q_shape[2], k_shape[2], v_shape[2], q_shape[3], k_shape[3], v_shape[3])
+    options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
+                             softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
+                             backend=backend, head_dim=q_shape[3], heads_q=q_shape[2])
+    path, _ = plan(q.dtype, max(q_shape[3], v_shape[3]), varlen=False, options=options)
+    if path == "kernel":
+        out, lse = _kernel_attention(q, k, v, sinks, options)
+    else:
+        out, lse = reference.attention(q, k, v, **_reference_kwargs(options, sinks))
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                      seqused_k=None, causal=False, window_size=(-1, -1), softmax_scale=None, sinks=None,
+                      softcap=0.0, mask_mod=None, return_lse=False, deterministic=False, backend="auto"):
+    """Attention over packed variable-length sequences.
+
+    Sequence b is q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against k/v[cu_seqlens_k[b]:cu_seqlens_k[b+1]]; attention
+    never crosses sequences and q and k may pack differently. Zero-length sequences are fine.
+
+    Args:
+      q: [Tq, Hq, D]; k: [Tk, Hk, D]; v: [Tk, Hk, Dv] (bfloat16 or float16, as flash_attn).
+      cu_seqlens_q, cu_seqlens_k: int32 [N + 1] offsets (runtime data: any values are safe, never read out of bounds).
+      max_seqlen_q, max_seqlen_k: optional hints (ints); no compile depends on the packing.
+      seqused_q, seqused_k: optional int32 [N]: slot b uses only its first seqused[b] tokens (KV caches allocated
+        larger than filled). Unused keys are invisible; unused query rows get out = 0 and zero gradients.
+      The remaining keywords are those of flash_attn; causal/window are bottom-right aligned per sequence using the
+      used lengths; mask_mod sees sequence-local indices with b = the sequence index.
+
+    Returns:
+      out [Tq, Hq, Dv], or (out, lse [Hq, Tq] float32) with return_lse=True. jax.vmap over this call is rejected:
+      the packing is the batch.
+    """
+    q_shape = _shape_of("q", q, 3, "[Tq, Hq, D]")
+    k_shape = _shape_of("k", k, 3, "[Tk, Hk, D]")
+    v_shape = _shape_of("v", v, 3, "[Tk, Hk, Dv]")
+    _check_qkv_dtypes(q, k, v)
+    if v_shape[0] != k_shape[0]:
+        _fail(ValueError, "v.shape[0]", v_shape[0], f"k's token count ({k_shape[0]})")
+    _check_heads(q_shape[1], k_shape[1], v_shape[1], q_shape[2], k_shape[2], v_shape[2])
+    n_q = _check_offsets("cu_seqlens_q", cu_seqlens_q)
+    n_k = _check_offsets("cu_seqlens_k", cu_seqlens_k)
+    if n_q is None or n_q < 1:
+        _fail(ValueError, "cu_seqlens_q", cu_seqlens_q, "an int32 [N + 1] array with N >= 0")
+    if n_k != n_q:
+        _fail(ValueError, "cu_seqlens_k.shape", (n_k,), f"cu_seqlens_q's shape ({n_q},)")
+    _check_offsets("seqused_q", seqused_q, n_q - 1)
+    _check_offsets("seqused_k", seqused_k, n_q - 1)
+    _check_hint("max_seqlen_q", max_seqlen_q)
+    _check_hint("max_seqlen_k", max_seqlen_k)
+    options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
+                             softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
+                             backend=backend, head_dim=q_shape[2], heads_q=q_shape[1])
+    operands = [q, k, v, cu_seqlens_q, cu_seqlens_k] + [x for x in (seqused_q, seqused_k, sinks) if x is not None]
+    guarded = iter(primitives.varlen_guard_p.bind(*operands))
+    q, k, v, cu_seqlens_q, cu_seqlens_k = (next(guarded) for _ in range(5))
+    seqused_q, seqused_k, sinks = (None if x is None else next(guarded) for x in (seqused_q, seqused_k, sinks))
+    # No varlen kernel yet: plan() raises for backend="kernel" and warns once for "auto".
+    plan(q.dtype, max(q_shape[2], v_shape[2]), varlen=True, options=options)
+    out, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
+                                          seqused_k=seqused_k, **_reference_kwargs(options, sinks))
+    return (out, lse) if return_lse else out
+
+
+def flash_mha(query, key, value, *, is_causal=False, window_size=(-1, -1), sinks=None, softmax_scale=None):
+    """dew-flash-attn's name for flash_attn: [B, S, H, D] inputs, same semantics (a thin wrapper)."""
+    return flash_attn(query, key, value, causal=is_causal, window_size=window_size, sinks=sinks,
+                      softmax_scale=softmax_scale)
+
+
+def flash_mha_varlen(query, key, value, cu_seqlens, max_seqlen, *, is_causal=False, window_size=(-1, -1),
+                     sinks=None):
+    """dew-flash-attn's name for flash_attn_varlen with one cu_seqlens for queries and keys (a thin wrapper)."""
+    return flash_attn_varlen(query, key, value, cu_seqlens, cu_seqlens, max_seqlen_q=max_seqlen,
+                             max_seqlen_k=max_seqlen, causal=is_causal, window_size=window_size, sinks=sinks)
+
+
+def explain(q, k, v, *, varlen=False, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None, mask_mod=None,
+            deterministic=False, backend="auto", device_sm=None) -> str:
+    """Say which implementation a call with these arguments would run, and why, without running it.
+
+    q, k, v may be arrays or jax.ShapeDtypeStruct ([B, S, H, D], or [T, H, D] with varlen=True). device_sm
+    (e.g. 90) asks about another GPU than the default device. Returns the explanation (and prints nothing).
+    """
+    head_dim = max(q.shape[-1], v.shape[-1])
+    options = _check_options(causal=causal, window_size=window_size, softmax_scale=None, sinks=sinks,
+                             softcap=softcap, mask_mod=mask_mod, return_lse=False, deterministic=deterministic,
+                             backend=backend, head_dim=q.shape[-1], heads_q=q.shape[-2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path, reason = plan(q.dtype, head_dim, varlen=varlen, options=options, device_sm=device_sm)
+    shape = f"q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} {jnp.dtype(q.dtype).name}"
+    width = f", head dim padded to {_ffi.padded_head_dim(head_dim)}" if path == "kernel" else ""
+    return f"{shape}: {path} ({reason}{width})"

@@ -1,0 +1,229 @@
+"""JAX primitives for the kernel path (DESIGN.md §2.8 and §3).
+
+    fwd(q, k, v, sinks)                                 -> (out, lse)
+    tangent(q, k, v, sinks, out, lse; tq, tk, tv, ts)   -> (t_out, t_lse)      linear in (tq, tk, tv, ts)
+    bwd(q, k, v, out, lse, d_out, d_lse, sinks)         -> (dq, dk, dv, dsinks, *workspace)
+
+fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
+backward kernels only, and jax.jvp evaluates `tangent` (its fused kernel is a later issue: until then its lowering
+raises). Not jax.custom_vjp, which would forbid forward mode. Inputs reach these primitives already validated
+and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from . import _ffi
+
+# Static parameters every primitive carries; they become FFI attributes of the exact C++ types.
+_ATTR_TYPES = {"softmax_scale": np.float32, "softcap": np.float32, "window_left": np.int32,
+               "window_right": np.int32, "has_sinks": bool, "has_dlse": bool}
+
+fwd_p = Primitive("flashjax_fwd")
+tangent_p = Primitive("flashjax_tangent")
+bwd_p = Primitive("flashjax_bwd")
+# Identity on its operands whose batching rule refuses vmap: varlen calls pass their arrays through it.
+varlen_guard_p = Primitive("flashjax_varlen_guard")
+for _p in (fwd_p, tangent_p, bwd_p, varlen_guard_p):
+    _p.multiple_results = True
+
+
+def bwd_seqlen_q_rounded(seqlen_q: int) -> int:
+    """Rows of the backward's per-row workspace: the library says its rounding; without the library (reference
+    lowering on CPU) the workspace is never read and any rounding would do."""
+    rounding = _ffi.build_info()["bwd_seqlen_q_rounding"] if _ffi.available() else 128
+    return -(-seqlen_q // rounding) * rounding
+
+
+# ----------------------------------------------------------------------------------------------- abstract eval
+def _out_avals(q, v):
+    batch, seqlen_q, heads_q, _ = q.shape
+    return (jax.core.ShapedArray(q.shape[:-1] + v.shape[-1:], q.dtype),
+            jax.core.ShapedArray((batch, heads_q, seqlen_q), jnp.float32))
+
+
+def _fwd_abstract(q, k, v, sinks, **_):
+    return _out_avals(q, v)
+
+
+def _tangent_abstract(q, k, v, sinks, out, lse, tq, tk, tv, ts, **_):
+    return _out_avals(q, v)
+
+
+def _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **_):
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    rounded = bwd_seqlen_q_rounded(seqlen_q)
+    f32 = jnp.float32
+    return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
+            jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(sinks.shape, f32),
+            jax.core.ShapedArray((batch, heads_q, rounded, head_dim), f32),   # dq accumulator
+            jax.core.ShapedArray((batch, heads_q, rounded), f32),             # dpsum
+            jax.core.ShapedArray((batch, heads_q, rounded), f32))             # lse in log2 units
+
+
+def _eager_impl(prim):
+    # Eager (outside jit) evaluation compiles the single primitive, like any jax.lax operation.
+    def impl(*args, **params):
+        return jax.jit(functools.partial(prim.bind, **params))(*args)
+    return impl
+
+
+for _p in (fwd_p, tangent_p, bwd_p, varlen_guard_p):
+    _p.def_impl(_eager_impl(_p))
+fwd_p.def_abstract_eval(_fwd_abstract)
+tangent_p.def_abstract_eval(_tangent_abstract)
+bwd_p.def_abstract_eval(_bwd_abstract)
+varlen_guard_p.def_abstract_eval(lambda *xs: xs)
+
+
+# ---------------------------------------------------------------------------------------------------- lowering
+def _attrs(params):
+    return {name: _ATTR_TYPES[name](value) for name, value in params.items()}
+
+
+def _fwd_lowering(ctx, *args, **params):
+    _ffi.register_targets()
+    return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **_attrs(params))
+
+
+def _bwd_lowering(ctx, *args, **params):
+    _ffi.register_targets()
+    return jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **_attrs(params))
+
+
+def _tangent_lowering(ctx, *args, **params):
+    raise NotImplementedError(
+        "flashjax: forward-mode differentiation (jax.jvp / jax.linearize evaluated) has no kernel yet; "
+        "call flash_attn(..., backend='reference') for forward mode. Reverse mode (jax.grad/vjp) runs the kernels.")
+
+
+mlir.register_lowering(fwd_p, _fwd_lowering, platform="cuda")
+mlir.register_lowering(bwd_p, _bwd_lowering, platform="cuda")
+mlir.register_lowering(tangent_p, _tangent_lowering, platform="cuda")
+mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
+
+
+# ------------------------------------------------------------------------------------------------ autodiff
+def _fwd_jvp(primals, tangents, **params):
+    q, k, v, sinks = primals
+    out, lse = fwd_p.bind(q, k, v, sinks, **params)
+    tq, tk, tv, ts = (ad.instantiate_zeros(t) for t in tangents)
+    t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params)
+    return (out, lse), (t_out, t_lse)
+
+
+def _tangent_transpose(cts, q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
+    for residual in (q, k, v, sinks, out, lse):
+        if ad.is_undefined_primal(residual):
+            raise ValueError("flashjax: the attention tangent is linear only in (tq, tk, tv, tsinks)")
+    ct_out, ct_lse = cts
+    if isinstance(ct_out, ad.Zero):
+        ct_out = jnp.zeros(out.shape, out.dtype)
+    has_dlse = not isinstance(ct_lse, ad.Zero)
+    dlse = ct_lse if has_dlse else jnp.zeros(lse.shape, jnp.float32)
+    dq, dk, dv, dsinks = backward(q, k, v, out, lse, ct_out, dlse, sinks, has_dlse=has_dlse, **params)
+    linear = (tq, tk, tv, ts)
+    grads = (dq, dk, dv, dsinks)
+    return [None] * 6 + [g if ad.is_undefined_primal(t) else None for g, t in zip(grads, linear)]
+
+
+def _guard_jvp(primals, tangents):
+    # The identity is its own tangent map; only the primal needs guarding against vmap.
+    return varlen_guard_p.bind(*primals), list(tangents)
+
+
+ad.primitive_jvps[fwd_p] = _fwd_jvp
+ad.primitive_transposes[tangent_p] = _tangent_transpose
+ad.primitive_jvps[varlen_guard_p] = _guard_jvp
+
+
+def backward(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **params):
+    dq, dk, dv, dsinks, *_workspace = bwd_p.bind(q, k, v, out, lse, dout, dlse, sinks, has_dlse=has_dlse, **params)
+    return dq, dk, dv, dsinks
+
+
+# ------------------------------------------------------------------------------------------------ batching
+def _batching_rule(prim, per_head_args):
+    """vmap folds the mapped axis into the batch axis (a free reshape of the leading axes).
+
+    Per-head operands ([Hq] sinks and their tangents) cannot be folded; when one of them is mapped, or when the
+    backward must return per-example dsinks, the primitive runs once per mapped index under lax.map instead.
+    """
+
+    def rule(args, dims, **params):
+        size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+        per_example = any(dims[i] is not None for i in per_head_args) or (
+            prim is bwd_p and params["has_sinks"])
+        if per_example:
+            mapped = [batching.bdim_at_front(a, d, size) for a, d in zip(args, dims)]
+            outs = jax.lax.map(lambda xs: prim.bind(*xs, **params), mapped)
+            return outs, [0] * len(outs)
+        folded = []
+        for i, (a, d) in enumerate(zip(args, dims)):
+            if i in per_head_args:
+                folded.append(a)
+                continue
+            a = batching.bdim_at_front(a, d, size)
+            folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
+        outs = prim.bind(*folded, **params)
+        unfolded, out_dims = [], []
+        for o in outs:
+            if prim is bwd_p and o.ndim == 1:  # dsinks: zeros when has_sinks is False, the same for every example
+                unfolded.append(o)
+                out_dims.append(None)  # not mapped
+            else:
+                unfolded.append(o.reshape((size, o.shape[0] // size) + o.shape[1:]))
+                out_dims.append(0)
+        return unfolded, out_dims
+
+    return rule
+
+
+def _guard_batching(args, dims):
+    raise ValueError("flashjax: jax.vmap over flash_attn_varlen is not supported: the packing is the batch "
+                     "(concatenate the sequences and extend cu_seqlens instead)")
+
+
+batching.primitive_batchers[fwd_p] = _batching_rule(fwd_p, per_head_args=(3,))
+batching.primitive_batchers[tangent_p] = _batching_rule(tangent_p, per_head_args=(3, 9))
+batching.primitive_batchers[bwd_p] = _batching_rule(bwd_p, per_head_args=(7,))
+batching.primitive_batchers[varlen_guard_p] = _guard_batching
+
+
+def forward(q, k, v, sinks, **params):
+    return fwd_p.bind(q, k, v, sinks, **params)
+
+
+# ------------------------------------------------------------------------------ reference lowering (not CUDA)
+# On every platform but CUDA the primitives lower to the pure-JAX reference with the same outputs. That lets the
+# CPU tests check the primitive wiring (JVP, transpose, batching, workspace shapes) numerically without a GPU.
+def _reference_fn(q, k, v, sinks, *, softmax_scale, softcap, window_left, window_right, has_sinks):
+    from . import reference
+
+    return reference.attention(q, k, v, softmax_scale=softmax_scale, causal=False,
+                               window_size=(window_left, window_right), sinks=sinks if has_sinks else None,
+                               softcap=softcap, mask_mod=None)
+
+
+def _reference_tangent(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
+    _, tangents = jax.jvp(lambda *p: _reference_fn(*p, **params), (q, k, v, sinks), (tq, tk, tv, ts))
+    return tangents
+
+
+def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **params):
+    _, vjp = jax.vjp(lambda *p: _reference_fn(*p, **params), q, k, v, sinks)
+    dq, dk, dv, dsinks = vjp((dout, dlse))
+    workspace = [jnp.zeros(a.shape, a.dtype) for a in _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks,
+                                                                      has_dlse=has_dlse)[4:]]
+    return (dq, dk, dv, dsinks, *workspace)
+
+
+mlir.register_lowering(fwd_p, mlir.lower_fun(_reference_fn, multiple_results=True))
+mlir.register_lowering(tangent_p, mlir.lower_fun(_reference_tangent, multiple_results=True))
+mlir.register_lowering(bwd_p, mlir.lower_fun(_reference_bwd, multiple_results=True))
