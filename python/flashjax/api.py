@@ -50,9 +50,12 @@ def _shape_of(name, x, rank, what):
     return tuple(shape)
 
 
-def _check_qkv_dtypes(q, k, v):
-    if jnp.dtype(q.dtype) not in _DTYPES:
-        _fail(TypeError, "q.dtype", str(q.dtype), "bfloat16 or float16")
+def _check_qkv_dtypes(q, k, v, backend):
+    # float32 is accepted by the reference alone (it computes in f32 anyway): tests and checks use it as the spec.
+    allowed = _DTYPES + ((jnp.dtype(jnp.float32),) if backend == "reference" else ())
+    if jnp.dtype(q.dtype) not in allowed:
+        _fail(TypeError, "q.dtype", str(q.dtype),
+              "bfloat16 or float16" + (" (or float32 with backend='reference')" if backend != "reference" else ""))
     for name, x in (("k", k), ("v", v)):
         if jnp.dtype(x.dtype) != jnp.dtype(q.dtype):
             _fail(TypeError, f"{name}.dtype", str(x.dtype), f"q's dtype {q.dtype}")
@@ -202,7 +205,7 @@ def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=Non
     """Attention over dense batches, FlashAttention style.
 
     Args:
-      q: [B, Sq, Hq, D] bfloat16 or float16.
+      q: [B, Sq, Hq, D] bfloat16 or float16 (float32 too with backend="reference").
       k: [B, Sk, Hk, D], same dtype; Hq must be a multiple of Hk (grouped-query attention).
       v: [B, Sk, Hk, Dv], same dtype. D and Dv are multiples of 8 up to 256.
       causal: bottom-right aligned causal mask (the last query sees the last key).
@@ -224,7 +227,7 @@ def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=Non
     q_shape = _shape_of("q", q, 4, "[B, Sq, Hq, D]")
     k_shape = _shape_of("k", k, 4, "[B, Sk, Hk, D]")
     v_shape = _shape_of("v", v, 4, "[B, Sk, Hk, Dv]")
-    _check_qkv_dtypes(q, k, v)
+    _check_qkv_dtypes(q, k, v, backend)
     if k_shape[0] != q_shape[0] or v_shape[0] != q_shape[0]:
         _fail(ValueError, "batch sizes of (q, k, v)", (q_shape[0], k_shape[0], v_shape[0]), "all equal")
     if v_shape[1] != k_shape[1]:
@@ -265,7 +268,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     q_shape = _shape_of("q", q, 3, "[Tq, Hq, D]")
     k_shape = _shape_of("k", k, 3, "[Tk, Hk, D]")
     v_shape = _shape_of("v", v, 3, "[Tk, Hk, Dv]")
-    _check_qkv_dtypes(q, k, v)
+    _check_qkv_dtypes(q, k, v, backend)
     if v_shape[0] != k_shape[0]:
         _fail(ValueError, "v.shape[0]", v_shape[0], f"k's token count ({k_shape[0]})")
     _check_heads(q_shape[1], k_shape[1], v_shape[1], q_shape[2], k_shape[2], v_shape[2])

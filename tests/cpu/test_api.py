@@ -52,6 +52,12 @@ def test_dtype_must_be_16_bit():
         flashjax.flash_attn(q, k, v)
 
 
+def test_float32_runs_on_the_reference_only():
+    q, k, v = _qkv(dtype=jnp.float32)
+    out = flashjax.flash_attn(q, k, v, backend="reference")
+    assert out.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(out)))
+
+
 def test_dtypes_must_match():
     q, k, v = _qkv()
     with _raises(TypeError, "v.dtype", "float16", "bfloat16"):

@@ -1,0 +1,147 @@
+"""Random kernel-vs-reference configurations, shared by the pytest sweep and the compute-sanitizer run."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import flashjax
+
+# Relative-norm tolerances against the f32 reference (DESIGN.md §5); gradients get twice the forward's.
+TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    dtype: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_k: int
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    window_size: tuple
+    sinks: bool
+    softcap: float
+
+    def __str__(self):
+        return (f"{self.dtype} B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_k} "
+                f"D{self.head_dim}/{self.head_dim_v} causal={self.causal} window={self.window_size} "
+                f"sinks={self.sinks} softcap={self.softcap}")
+
+
+def _length(rng):
+    """Lengths across every regime, never a multiple of 64 (ragged tiles are the point)."""
+    regime = rng.random()
+    if regime < 0.03:
+        return 0
+    n = int(rng.integers(1, 130) if regime < 0.45 else rng.integers(1, 1100) if regime < 0.85
+            else rng.integers(1100, 4097))
+    return n + 1 if n % 64 == 0 else n
+
+
+def random_config(rng) -> Config:
+    heads_k = int(rng.choice([1, 2, 4]))
+    ratio = int(rng.choice([1, 2, 4, 8]))
+    head_dim = int(rng.integers(1, 33)) * 8
+    head_dim_v = head_dim if rng.random() < 0.8 else int(rng.integers(1, 33)) * 8
+    seqlen_q, seqlen_k = _length(rng), _length(rng)
+    batch = int(rng.integers(1, 5))
+    # Keep each case small enough that the f32 reference (which materializes scores) stays fast.
+    while batch > 1 and batch * heads_k * ratio * seqlen_q * seqlen_k > 2**26:
+        batch -= 1
+    while heads_k * ratio > 1 and batch * heads_k * ratio * seqlen_q * seqlen_k > 2**26:
+        ratio = max(1, ratio // 2) if ratio > 1 else ratio
+        heads_k = heads_k // 2 if ratio == 1 and heads_k > 1 else heads_k
+    window = (-1, -1)
+    if rng.random() < 0.35:
+        def side():
+            r = rng.random()
+            return -1 if r < 0.25 else int(rng.integers(0, 16)) if r < 0.6 else int(rng.integers(0, 5000))
+        window = (side(), side())
+    return Config(dtype=str(rng.choice(["bfloat16", "float16"])), batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                  heads_q=heads_k * ratio, heads_k=heads_k, head_dim=head_dim, head_dim_v=head_dim_v,
+                  causal=bool(rng.random() < 0.35), window_size=window, sinks=bool(rng.random() < 0.3),
+                  softcap=float(rng.choice([0.0, 0.0, 0.0, 5.0, 30.0])))
+
+
+def make_inputs(cfg: Config, rng):
+    dtype = jnp.dtype(cfg.dtype)
+
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape), dtype)
+
+    q = normal(cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim)
+    k = normal(cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim)
+    v = normal(cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim_v)
+    sinks = jnp.asarray(rng.standard_normal(cfg.heads_q), jnp.float32) if cfg.sinks else None
+    d_out = normal(cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim_v)
+    d_lse = jnp.asarray(rng.standard_normal((cfg.batch, cfg.heads_q, cfg.seqlen_q)), jnp.float32)
+    return q, k, v, sinks, d_out, d_lse
+
+
+def run(cfg: Config, inputs, backend: str):
+    """out, lse and the gradients (dq, dk, dv, dsinks) for cotangents (d_out, d_lse), under jit."""
+    q, k, v, sinks, d_out, d_lse = inputs
+    if backend == "reference":  # the spec runs in f32 on the same (rounded) inputs
+        q, k, v, d_out = (x.astype(jnp.float32) for x in (q, k, v, d_out))
+
+    def attention(q, k, v, sinks):
+        return flashjax.flash_attn(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
+                                   softcap=cfg.softcap, return_lse=True, backend=backend)
+
+    @jax.jit
+    def fwd_bwd(q, k, v, sinks, d_out, d_lse):
+        (out, lse), vjp = jax.vjp(attention, q, k, v, sinks)
+        # Empty rows have lse = -inf: their lse cotangent is irrelevant, keep it finite.
+        grads = vjp((d_out.astype(out.dtype), jnp.where(jnp.isfinite(lse), d_lse, 0.0)))
+        return out, lse, grads
+
+    if backend == "reference":
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fwd_bwd(q, k, v, sinks, d_out, d_lse)
+    return fwd_bwd(q, k, v, sinks, d_out, d_lse)
+
+
+def rel_err(got, want):
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    if not np.all(np.isfinite(got)):
+        return float("nan")
+    denom = np.linalg.norm(want)
+    num = np.linalg.norm(got - want)
+    return float(num / denom) if denom > 0 else float(num)
+
+
+def compare(cfg: Config, kernel, reference) -> dict[str, float]:
+    """Relative errors per output; lse compared on finite entries after checking -inf sits in the same places."""
+    out_k, lse_k, grads_k = kernel
+    out_r, lse_r, grads_r = reference
+    lse_k, lse_r = np.asarray(lse_k), np.asarray(lse_r)
+    errors = {"out": rel_err(out_k, out_r)}
+    same_inf = np.array_equal(np.isneginf(lse_k), np.isneginf(lse_r)) and not np.any(np.isnan(lse_k))
+    finite = np.isfinite(lse_r)
+    errors["lse"] = rel_err(lse_k[finite], lse_r[finite]) if same_inf else float("nan")
+    for name, g_k, g_r in zip(("dq", "dk", "dv", "dsinks"), grads_k, grads_r):
+        if name == "dsinks" and not cfg.sinks:
+            continue
+        errors[name] = rel_err(g_k, g_r)
+    return errors
+
+
+def check(cfg: Config, errors: dict[str, float]) -> list[str]:
+    tol = TOLERANCE[cfg.dtype]
+    bad = []
+    for name, err in errors.items():
+        limit = tol if name in ("out", "lse") else 2 * tol
+        if not err <= limit:  # NaN never passes
+            bad.append(f"{name} rel err {err:.3g} > {limit:g}")
+    return bad

@@ -1,0 +1,105 @@
+"""Kernels against the reference on the GPU: a randomized sweep plus composition tests.
+
+The sweep draws FLASHJAX_SWEEP_N configurations (default 320) from a fresh seed each run (printed, and settable
+with FLASHJAX_SWEEP_SEED to replay a failure): ragged lengths, Sq != Sk both ways, empty sequences, GQA ratios,
+head dims 8..256 (padded inside the library), causal, windows (wider than the sequence, and narrow enough to empty
+rows), sinks, softcap, both dtypes, cotangents on out and lse.
+"""
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flashjax
+import sweep
+
+SEED = int(os.environ.get("FLASHJAX_SWEEP_SEED", np.random.SeedSequence().entropy % 2**32))
+N = int(os.environ.get("FLASHJAX_SWEEP_N", "320"))
+
+
+def test_sweep_seed_is_reported():
+    print(f"FLASHJAX_SWEEP_SEED={SEED}")
+
+
+@pytest.mark.parametrize("index", range(N))
+def test_sweep(index):
+    rng = np.random.default_rng([SEED, index])
+    cfg = sweep.random_config(rng)
+    inputs = sweep.make_inputs(cfg, rng)
+    errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"))
+    bad = sweep.check(cfg, errors)
+    assert not bad, f"{cfg} (seed {SEED}, index {index}): {bad}; all errors {errors}"
+
+
+def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):
+    rng = np.random.default_rng(seed)
+    return (jnp.asarray(rng.standard_normal((b, sq, hq, d)), dtype),
+            jnp.asarray(rng.standard_normal((b, sk, hk, d)), dtype),
+            jnp.asarray(rng.standard_normal((b, sk, hk, d)), dtype))
+
+
+def test_explain_names_the_kernel():
+    q, k, v = _inputs(0)
+    text = flashjax.explain(q, k, v, causal=True)
+    assert "kernel" in text and "sm80" in text, text
+
+
+def test_jit_of_grad_composes_and_matches_reference():
+    q, k, v = _inputs(1)
+
+    def loss(q, k, v, backend):
+        out = flashjax.flash_attn(q, k, v, causal=True, backend=backend)
+        return jnp.sum(out.astype(jnp.float32) * jnp.cos(jnp.arange(out.shape[-1], dtype=jnp.float32)))
+
+    got = jax.jit(jax.value_and_grad(lambda *a: loss(*a, "kernel"), argnums=(0, 1, 2)))(q, k, v)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.value_and_grad(lambda *a: loss(*a, "reference"), argnums=(0, 1, 2))(*f32)
+    assert abs(float(got[0]) - float(want[0])) <= 2e-2 * abs(float(want[0])) + 1e-2
+    for g, w in zip(got[1], want[1]):
+        assert sweep.rel_err(g, w) < 2e-2
+
+
+def test_vmap_over_extra_leading_axis():
+    q, k, v = _inputs(2, b=1)
+    qs = jnp.stack([q, q * 0.5, -q])
+    got = jax.jit(jax.vmap(lambda q: flashjax.flash_attn(q, k, v, backend="kernel")))(qs)
+    for i in range(3):
+        want = flashjax.flash_attn(qs[i], k, v, backend="kernel")
+        np.testing.assert_array_equal(np.asarray(got[i], np.float32), np.asarray(want, np.float32))
+
+
+def test_vmap_of_grad_per_example():
+    q, k, v = _inputs(3, b=1, sq=130, sk=130)
+    qs = jnp.stack([q, q * 0.5])
+    loss = lambda q, k, backend: jnp.sum(flashjax.flash_attn(q, k, v, backend=backend).astype(jnp.float32) ** 2)
+    got = jax.vmap(jax.grad(lambda q, k: loss(q, k, "kernel"), argnums=(0, 1)), in_axes=(0, None))(qs, k)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(2):
+            want = jax.grad(lambda q, k: loss(q, k, "reference"), argnums=(0, 1))(qs[i].astype(jnp.float32),
+                                                                                  k.astype(jnp.float32))
+            assert sweep.rel_err(got[0][i], want[0]) < 2e-2 and sweep.rel_err(got[1][i], want[1]) < 2e-2
+
+
+def test_two_shapes_in_one_process():
+    for seed, (sq, sk, d) in enumerate([(77, 1000, 64), (1000, 77, 256)]):
+        q, k, v = _inputs(10 + seed, sq=sq, sk=sk, d=d)
+        got = flashjax.flash_attn(q, k, v, backend="kernel")
+        want = flashjax.flash_attn(*(x.astype(jnp.float32) for x in (q, k, v)), backend="reference")
+        assert sweep.rel_err(got, want) < 1e-2
+
+
+def test_jvp_on_kernel_path_names_the_way_out():
+    q, k, v = _inputs(4, sq=64, sk=64)
+    with pytest.raises(Exception, match="backend='reference'"):
+        jax.jvp(lambda q: flashjax.flash_attn(q, k, v, backend="kernel"), (q,), (q,))
+
+
+def test_output_is_deterministic_run_to_run():
+    q, k, v = _inputs(5)
+    f = jax.jit(lambda q, k, v: flashjax.flash_attn(q, k, v, causal=True, backend="kernel"))
+    a, b = f(q, k, v), f(q, k, v)
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))

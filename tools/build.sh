@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds libflashjax.so with CMake into build/<kernel set>/ and copies it next to python/flashjax/__init__.py,
+# where _ffi.py finds it when flashjax runs from the checkout. Incremental: only changed files recompile.
+#   FLASHJAX_KERNEL_SET=full|ci|none   (default full)
+#   FLASHJAX_CUDA_ARCHS="80-real;90a-real"   (default; "90a-real" alone builds only for Hopper)
+#   FLASHJAX_BUILD_JOBS=N   parallel compile jobs (default: all cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/env.sh
+SET=${FLASHJAX_KERNEL_SET:-full}
+ARCHS=${FLASHJAX_CUDA_ARCHS:-80-real;90a-real}
+BUILD=build/${SET}-${ARCHS//;/_}
+export PATH="$PWD/.venv/bin:$PATH"
+cmake -S . -B "$BUILD" -G Ninja -DPython3_EXECUTABLE="$PWD/.venv/bin/python" -DFLASHJAX_KERNEL_SET="$SET" \
+  -DFLASHJAX_CUDA_ARCHS="$ARCHS" -DFLASHJAX_BUILD_TESTS=ON -DCMAKE_CUDA_COMPILER="${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}" >/dev/null
+ninja -C "$BUILD" -j "${FLASHJAX_BUILD_JOBS:-$(nproc)}"
+cp "$BUILD/libflashjax.so" python/flashjax/libflashjax.so
+echo "$BUILD" > build/last
+echo "flashjax: built $BUILD/libflashjax.so (kernels: $SET, archs: $ARCHS)"
