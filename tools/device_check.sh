@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Build-check-test-bench on a GPU machine in one call, a short summary table last.
+#   tools/device_check.sh [stage ...]     stages: build info tests sanitize bench  (default: info tests sanitize bench)
+# The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
+# the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
+#   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+PY=${PYTHON:-python3}
+STAGES=${*:-info tests sanitize bench}
+declare -A RESULT
+
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+record() { RESULT[$1]=$2; echo "== $1: $2"; }
+
+if stage build; then
+  PATH="$PWD/.venv/bin:$PATH" FLASHJAX_CUDA_ARCHS=${FLASHJAX_CUDA_ARCHS:-90a-real} tools/build.sh \
+    > "$OUT/build.log" 2>&1 && record build ok || { record build FAILED; tail -30 "$OUT/build.log"; }
+fi
+if stage info; then
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
+  $PY -m flashjax 2>&1 | tee "$OUT/info.log" | head -40 && record info ok || record info FAILED
+fi
+if stage tests; then
+  $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider -rf > "$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  grep -E "FLASHJAX_SWEEP_SEED|^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -25
+  record tests "$(tail -1 "$OUT/gpu_tests.log") (rc $rc)"
+fi
+if stage sanitize; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --kernel-name kns=flashjax --print-limit 20 \
+      $PY tests/gpu/sanitize.py > "$OUT/$tool.log" 2>&1
+    rc=$?
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)
+    record "$tool" "${summary:-no summary} (rc $rc)"
+    [ $rc -eq 0 ] || tail -20 "$OUT/$tool.log"
+  done
+fi
+if stage bench; then
+  $PY bench/bench.py --quick --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  rc=$?
+  record bench "rc $rc"
+fi
+
+echo
+echo "================ summary ================"
+for key in build info tests memcheck racecheck bench; do
+  [ -n "${RESULT[$key]:-}" ] && printf '%-10s %s\n' "$key" "${RESULT[$key]}"
+done
+if stage bench && [ -f "$OUT/bench.log" ]; then
+  echo "---- bench (tail) ----"
+  tail -25 "$OUT/bench.log"
+fi
