@@ -85,8 +85,11 @@ def _check_options(*, causal, window_size, softmax_scale, sinks, softcap, mask_m
         _fail(ValueError, "window_size", window_size, "ints >= -1 (-1 leaves that side unbounded)")
     if softmax_scale is None:
         softmax_scale = 1.0 / float(np.sqrt(head_dim))
-    elif not isinstance(softmax_scale, numbers.Real) or not np.isfinite(softmax_scale):
-        _fail(TypeError, "softmax_scale", softmax_scale, "a finite Python float (a static value) or None")
+    elif not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
+        _fail(TypeError, "softmax_scale", softmax_scale, "a Python float (a static value) or None")
+    elif not np.isfinite(softmax_scale) or softmax_scale <= 0:
+        # The kernels take the running max on unscaled scores, which is only order-preserving for a positive scale.
+        _fail(ValueError, "softmax_scale", softmax_scale, "a finite float > 0")
     if not isinstance(softcap, numbers.Real) or not np.isfinite(softcap) or softcap < 0:
         _fail(ValueError, "softcap", softcap, "a finite float >= 0 (0 disables it)")
     if sinks is not None:
@@ -211,7 +214,7 @@ def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=Non
       causal: bottom-right aligned causal mask (the last query sees the last key).
       window_size: (left, right) local band, bottom-right aligned; -1 leaves a side unbounded. With causal=True
         the left bound is kept and right is forced to 0.
-      softmax_scale: multiplies q·k; defaults to 1/sqrt(D).
+      softmax_scale: multiplies q·k (a finite Python float > 0); defaults to 1/sqrt(D).
       sinks: optional float32 [Hq]: one learned logit per query head joining every row's softmax denominator.
       softcap: if > 0, scores become softcap * tanh(scores / softcap) before masking.
       mask_mod: optional flashjax.MaskMod, evaluated on raw (top-left) indices and ANDed with causal/window.

@@ -131,10 +131,17 @@ def test_softcap(softcap):
         flashjax.flash_attn(q, k, v, softcap=softcap)
 
 
-def test_softmax_scale_static_finite():
+@pytest.mark.parametrize("scale", [float("inf"), 0.0, -0.5])
+def test_softmax_scale_finite_positive(scale):
     q, k, v = _qkv()
-    with _raises(TypeError, "softmax_scale", "inf", "finite"):
-        flashjax.flash_attn(q, k, v, softmax_scale=float("inf"))
+    with _raises(ValueError, "softmax_scale", str(scale), "finite float > 0"):
+        flashjax.flash_attn(q, k, v, softmax_scale=scale)
+
+
+def test_softmax_scale_must_be_static():
+    q, k, v = _qkv()
+    with _raises(TypeError, "softmax_scale", "Python float"):
+        flashjax.flash_attn(q, k, v, softmax_scale=jnp.float32(0.1))
 
 
 def test_sinks_shape():

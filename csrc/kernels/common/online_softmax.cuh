@@ -1,0 +1,90 @@
+// Online (streaming) softmax over KV blocks, in registers, FlashAttention-2 style.
+//
+// Works on (row, col) views of one thread's fragments (see mma_fragment_layouts.cuh): each row of the score tile
+// is spread over the 4 lanes of a quad, so row statistics are quad all-reductions.
+//
+// Invariants, per row, after each update:
+//   row_max = max of the masked fragment values seen so far (-inf while every one was masked);
+//   row_sum = this thread's share of sum_j exp2(x_j * exp2_scale - row_max * exp2_scale) (quad-reduced at the end);
+//   acc_o   = sum_j exp2(...) * v_j, relative to the same row_max.
+// A fully masked row keeps row_max = -inf: the exp2 base is then taken as 0 so that exp2(-inf - base) = 0 and no
+// -inf - (-inf) = NaN is ever formed; such a row ends with row_sum = 0, acc_o = 0.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "kernels/common/fast_math.cuh"
+
+namespace flashjax::common {
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];
+  float exp2_scale;  // maps fragment values to log2-domain logits (ScoreTransform::exp2_scale)
+
+  __device__ __forceinline__ explicit OnlineSoftmax(float exp2_scale_) : exp2_scale(exp2_scale_) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Folds one block of scores into the running statistics: rescales acc_o by exp2(old_max - new_max) and replaces
+  // scores by the unnormalized probabilities exp2(s - new_max) (log2 domain).
+  template <typename ScoresRC, typename AccORC>
+  __device__ __forceinline__ void update(ScoresRC& scores, AccORC& acc_o) {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float block_max = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
+      const float new_max = quad_allreduce(block_max, MaxOp{});
+      const float base = new_max == -INFINITY ? 0.f : new_max * exp2_scale;
+      // old_max = -inf gives exp2(-inf) = 0: the first block needs no special case (acc_o and row_sum are 0).
+      const float correction = exp2_ftz(row_max[r] * exp2_scale - base);
+      row_max[r] = new_max;
+      row_sum[r] *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        const float p = exp2_ftz(fmaf(scores(r, c), exp2_scale, -base));
+        scores(r, c) = p;
+        sum += p;
+      }
+      row_sum[r] += sum;
+    }
+  }
+
+  // Normalizes acc_o and returns each row's LSE in natural-log units through lse[r].
+  // sink_log2 is the row's sink logit times log2(e), or -inf without sinks. The sink joins the denominator with no
+  // value; it is folded in at a common maximum m = max(row max, sink) so a sink far above the scores cannot
+  // overflow exp2. Empty rows: without a sink m = -inf, out = 0, lse = -inf; with one, out = 0, lse = sink.
+  template <typename AccORC>
+  __device__ __forceinline__ void finalize(AccORC& acc_o, float sink_log2, float (&lse)[kRows]) const {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_allreduce(row_sum[r], SumOp{});
+      const float scores_max = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * exp2_scale;
+      const float common_max = fmaxf(scores_max, sink_log2);
+      float out_scale = 0.f;
+      lse[r] = -INFINITY;
+      if (common_max != -INFINITY) {
+        const float scores_weight = exp2f(scores_max - common_max);
+        const float denominator = sum * scores_weight + exp2f(sink_log2 - common_max);
+        out_scale = scores_weight / denominator;
+        lse[r] = (common_max + log2f(denominator)) * kLn2;
+      }
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= out_scale;
+    }
+  }
+};
+
+}  // namespace flashjax::common

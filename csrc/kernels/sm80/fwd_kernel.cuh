@@ -1,0 +1,82 @@
+// The sm80-family forward kernel: wires tile scheduler, band, mainloop, softmax finalization and epilogue.
+// One instantiation per (Element, head dim) covers every feature: softcap, causal/local band, GQA, sinks and ragged
+// sizes are runtime decisions, taken per CTA or per KV block (see band_mask.cuh and fwd_mainloop.cuh).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashjax/params.h"
+#include "kernels/common/band_mask.cuh"
+#include "kernels/common/fast_math.cuh"
+#include "kernels/common/mma_fragment_layouts.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/softcap.cuh"
+#include "kernels/sm80/fwd_epilogue.cuh"
+#include "kernels/sm80/fwd_layouts.cuh"
+#include "kernels/sm80/fwd_mainloop.cuh"
+#include "kernels/sm80/fwd_tile_scheduler.cuh"
+
+namespace flashjax::sm80 {
+
+// Min 1 CTA/SM lets the compiler use up to 255 registers: the O accumulator alone takes 64-128 of them.
+template <typename Layouts>
+__global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const __grid_constant__ FwdParams params) {
+  using namespace cute;
+  using Element = typename Layouts::Element;
+  constexpr int kBlockM = Layouts::kBlockM;
+  constexpr int kBlockN = Layouts::kBlockN;
+  constexpr int kHeadDim = Layouts::kHeadDim;
+  extern __shared__ __align__(128) char smem_bytes[];
+  Element* smem = reinterpret_cast<Element*>(smem_bytes);
+
+  const auto tile = FwdTileScheduler<kBlockM>::tile(params, blockIdx.x);
+  const int head_k = tile.head_q / (params.heads_q / params.heads_k);  // GQA: K/V are read in place, never expanded
+  const int m_start = tile.m_block * kBlockM;
+
+  const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
+  const FwdMainloopArgs args{params.seqlen_q - m_start, params.seqlen_k,
+                             band.template kv_blocks<kBlockM, kBlockN>(m_start), band.tile_mask(m_start),
+                             common::ScoreTransform(params.softmax_scale, params.softcap)};
+
+  // 64-bit element offsets: batch/head strides times indices overflow int32 on large tensors.
+  const auto* q = static_cast<const Element*>(params.q) + tile.batch * params.q_batch_stride +
+                  tile.head_q * params.q_head_stride;
+  const auto* k = static_cast<const Element*>(params.k) + tile.batch * params.k_batch_stride +
+                  head_k * params.k_head_stride;
+  const auto* v = static_cast<const Element*>(params.v) + tile.batch * params.v_batch_stride +
+                  head_k * params.v_head_stride;
+  auto* o = static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head_q * params.o_head_stride;
+  Tensor m_q = make_tensor(make_gmem_ptr(q), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                           make_stride(params.q_row_stride, _1{}));
+  Tensor m_k = make_tensor(make_gmem_ptr(k), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                           make_stride(params.k_row_stride, _1{}));
+  Tensor m_v = make_tensor(make_gmem_ptr(v), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                           make_stride(params.v_row_stride, _1{}));
+  Tensor m_o = make_tensor(make_gmem_ptr(o), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                           make_stride(params.o_row_stride, _1{}));
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  Tensor g_q = local_tile(m_q, TileQ{}, make_coord(tile.m_block, 0));
+  Tensor g_k = local_tile(m_k, TileKV{}, make_coord(_, 0));  // (kBlockN, D, n_blocks)
+  Tensor g_v = local_tile(m_v, TileKV{}, make_coord(_, 0));
+  Tensor g_o = local_tile(m_o, TileQ{}, make_coord(tile.m_block, 0));
+
+  typename Layouts::TiledMma tiled_mma;
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});
+  clear(acc_o);
+  common::OnlineSoftmax<Layouts::kRowsPerThread> softmax(args.transform.exp2_scale);
+  // A tile none of whose rows sees a key skips the loop (nothing is loaded): out = 0, lse = -inf / sink.
+  if (!args.blocks.empty()) fwd_mainloop_sm80<Layouts>(g_q, g_k, g_v, args, smem, acc_o, softmax);
+
+  const float sink_log2 = params.sinks != nullptr ? params.sinks[tile.head_q] * common::kLog2e : -INFINITY;
+  float lse[Layouts::kRowsPerThread];
+  Tensor acc_o_rc = common::acc_rowcol_view(acc_o);
+  softmax.finalize(acc_o_rc, sink_log2, lse);
+
+  float* lse_tile = params.lse != nullptr ? params.lse + tile.batch * params.lse_batch_stride +
+                                                tile.head_q * params.lse_head_stride + m_start
+                                          : nullptr;
+  fwd_epilogue_sm80<Layouts>(acc_o, lse, g_o, lse_tile, params.seqlen_q - m_start, smem);
+}
+
+}  // namespace flashjax::sm80

@@ -1,0 +1,41 @@
+// Host launcher of the sm80-family forward kernel: defines flashjax::sm80::run_fwd (declared in launch.h).
+// Included by the generated instantiation files, one per (Element, head dim).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "flashjax/params.h"
+#include "kernels/sm80/fwd_kernel.cuh"
+#include "kernels/sm80/fwd_layouts.cuh"
+#include "kernels/sm80/fwd_tile_scheduler.cuh"
+#include "kernels/sm80/launch.h"
+
+namespace flashjax::sm80 {
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Layouts = FwdLayouts<Element, kHeadDim>;
+  if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t num_ctas = FwdTileScheduler<Layouts::kBlockM>::num_ctas(params);
+  if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write; a 0-CTA launch would be an error
+  if (num_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
+
+  auto kernel = fwd_kernel_sm80<Layouts>;
+  constexpr int kSmemBytes = Layouts::kSmemBytes;
+  // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it
+  // is legal during CUDA-graph capture.
+  if (kSmemBytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  kernel<<<static_cast<unsigned>(num_ctas), Layouts::kNThreads, kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace flashjax::sm80

@@ -1,0 +1,192 @@
+// Mainloop of the sm80-family forward kernel: cp.async loads of Q/K/V tiles into swizzled shared memory and, per KV
+// block, S = Q K^T (both operands from shared memory through ldmatrix), softcap, band mask, online softmax and
+// O += P V (P straight from registers, V^T through ldmatrix.trans).
+//
+// Pipeline (one K and one V buffer, FlashAttention-2 order), for each KV block n followed by block n':
+//   wait K[n]  | issue V[n]  | S = Q K[n]^T         (V[n] lands under the first GEMM)
+//   wait V[n]  | issue K[n'] | softmax, O += P V[n] (K[n'] lands under the softmax and the second GEMM)
+// Blocks are visited in KvBlockRange order: first those needing the per-element band mask (the partial last block
+// when Sk % kBlockN != 0, the causal diagonal, window edges), then the fully visible bulk in a second loop compiled
+// without mask code, so that mask state takes no registers in the hot loop (with it, ptxas spilled at 255 registers).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "kernels/common/band_mask.cuh"
+#include "kernels/common/mma_fragment_layouts.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/softcap.cuh"
+#include "kernels/sm80/fwd_layouts.cuh"
+
+namespace flashjax::sm80 {
+
+// Copies a (kRows x D) tile global -> shared with cp.async, rows at or past rows_valid being zero-filled in shared
+// memory instead of read: padding never touches out-of-bounds memory, and zero K/V rows keep garbage (even NaN)
+// out of the MMAs (a masked score's P is 0, but 0 * NaN is still NaN). kCheckRows = false: all rows are known valid.
+template <bool kCheckRows, typename TiledCopy, typename Src, typename Dst, typename Coords>
+__device__ __forceinline__ void copy_rows_zero_fill(const TiledCopy& tiled_copy, const Src& src, Dst&& dst,
+                                                    const Coords& coords, int rows_valid) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(dst); ++m) {
+    if (!kCheckRows || get<0>(coords(0, m, 0)) < rows_valid) {
+      copy(tiled_copy, src(_, m, _), dst(_, m, _));
+    } else {
+      clear(dst(_, m, _));
+    }
+  }
+}
+
+// acc += A B^T with A and B in shared memory: ldmatrix loads of k-slice i + 1 are issued before the MMAs of slice i
+// so their latency hides behind tensor-core work.
+template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemA, typename SmemB,
+          typename CopyA, typename ThrCopyA, typename CopyB, typename ThrCopyB>
+__device__ __forceinline__ void gemm_smem_smem(const TiledMma& tiled_mma, Acc& acc, FragA& frag_a, FragB& frag_b,
+                                               const SmemA& smem_a, const SmemB& smem_b, const CopyA& copy_a,
+                                               const ThrCopyA&, const CopyB& copy_b, const ThrCopyB&) {
+  using namespace cute;
+  auto frag_a_view = ThrCopyA::retile_D(frag_a);
+  auto frag_b_view = ThrCopyB::retile_D(frag_b);
+  copy(copy_a, smem_a(_, _, 0), frag_a_view(_, _, 0));
+  copy(copy_b, smem_b(_, _, 0), frag_b_view(_, _, 0));
+  CUTE_UNROLL
+  for (int i = 0; i < size<2>(frag_a); ++i) {
+    if (i + 1 < size<2>(frag_a)) {
+      copy(copy_a, smem_a(_, _, i + 1), frag_a_view(_, _, i + 1));
+      copy(copy_b, smem_b(_, _, i + 1), frag_b_view(_, _, i + 1));
+    }
+    gemm(tiled_mma, frag_a(_, _, i), frag_b(_, _, i), acc);
+  }
+}
+
+// acc += A B^T with A already in registers and B streamed from shared memory one k-slice ahead.
+template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemB, typename CopyB,
+          typename ThrCopyB>
+__device__ __forceinline__ void gemm_reg_smem(const TiledMma& tiled_mma, Acc& acc, const FragA& frag_a, FragB& frag_b,
+                                              const SmemB& smem_b, const CopyB& copy_b, const ThrCopyB&) {
+  using namespace cute;
+  auto frag_b_view = ThrCopyB::retile_D(frag_b);
+  copy(copy_b, smem_b(_, _, 0), frag_b_view(_, _, 0));
+  CUTE_UNROLL
+  for (int i = 0; i < size<2>(frag_a); ++i) {
+    if (i + 1 < size<2>(frag_a)) copy(copy_b, smem_b(_, _, i + 1), frag_b_view(_, _, i + 1));
+    gemm(tiled_mma, frag_a(_, _, i), frag_b(_, _, i), acc);
+  }
+}
+
+// What the mainloop of one CTA needs besides its tiles.
+struct FwdMainloopArgs {
+  int rows_valid_q;  // Sq - m_start: tile rows at or past this are padding
+  int seqlen_k;
+  common::KvBlockRange blocks;  // non-empty
+  common::TileMask mask;
+  common::ScoreTransform transform;
+};
+
+// Runs the whole KV loop of one CTA. g_q: (kBlockM, D) tile; g_k, g_v: (kBlockN, D, n_blocks) tiles of the head.
+// On return acc_o and softmax hold the unnormalized output and row statistics; Q's shared buffer is free (every
+// thread is past the barrier that follows its last read), K/V buffers may still be read by the last P V.
+template <typename Layouts, typename GQ, typename GK, typename GV, typename AccO, typename Softmax>
+__device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, const GV& g_v,
+                                                  const FwdMainloopArgs& args, typename Layouts::Element* smem,
+                                                  AccO& acc_o, Softmax& softmax) {
+  using namespace cute;
+  using Element = typename Layouts::Element;
+  constexpr int kBlockM = Layouts::kBlockM;
+  constexpr int kBlockN = Layouts::kBlockN;
+  constexpr int kHeadDim = Layouts::kHeadDim;
+  const int tid = threadIdx.x;
+
+  Tensor s_q = make_tensor(make_smem_ptr(smem), typename Layouts::SmemLayoutQ{});
+  Tensor s_k = make_tensor(s_q.data() + size(s_q), typename Layouts::SmemLayoutKV{});
+  Tensor s_v = make_tensor(s_k.data() + size(s_k), typename Layouts::SmemLayoutKV{});
+  Tensor s_vt = make_tensor(s_v.data(), typename Layouts::SmemLayoutVt{});
+  Tensor s_vt_no_swizzle = make_tensor(s_v.data().get(), typename Layouts::SmemLayoutVtNoSwizzle{});
+
+  // Global -> shared.
+  typename Layouts::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr_copy = gmem_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr_copy.partition_S(g_q);
+  Tensor tQsQ = gmem_thr_copy.partition_D(s_q);
+  Tensor tKgK = gmem_thr_copy.partition_S(g_k);  // (CPY, CPY_N, CPY_K, n_blocks)
+  Tensor tKsK = gmem_thr_copy.partition_D(s_k);
+  Tensor tVgV = gmem_thr_copy.partition_S(g_v);
+  Tensor tVsV = gmem_thr_copy.partition_D(s_v);
+  Tensor tQcQ = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  Tensor tKVcKV = gmem_thr_copy.partition_S(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+  // Only masked blocks can reach past Sk (a block holding keys >= Sk is never unmasked), so only they check rows.
+  auto load_k = [&](auto check_rows, int n_block) {
+    copy_rows_zero_fill<decltype(check_rows)::value>(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKVcKV,
+                                                     args.seqlen_k - n_block * kBlockN);
+  };
+  auto load_v = [&](auto check_rows, int n_block) {
+    copy_rows_zero_fill<decltype(check_rows)::value>(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV,
+                                                     args.seqlen_k - n_block * kBlockN);
+  };
+
+  // Shared -> registers and the MMAs.
+  typename Layouts::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(s_q);
+  Tensor tSrK = thr_mma.partition_fragment_B(s_k);
+  Tensor tOrVt = thr_mma.partition_fragment_B(s_vt_no_swizzle);
+  auto smem_copy_q = make_tiled_copy_A(typename Layouts::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(s_q);
+  auto smem_copy_k = make_tiled_copy_B(typename Layouts::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_copy_k.partition_S(s_k);
+  auto smem_copy_v = make_tiled_copy_B(typename Layouts::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_copy_v.partition_S(s_vt);
+
+  // Tile-local (row, col) of each score this thread holds, for the band mask.
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor tScS_rc = common::acc_rowcol_view(tScS);
+  Tensor acc_o_rc = common::acc_rowcol_view(acc_o);
+
+  // One KV block: n_block is consumed, K[next_n_block] prefetched (next_n_block < 0: none). apply_mask is a
+  // compile-time bool: whether this block (and, in the masked loop, the next one) may be partly invisible.
+  auto kv_step = [&](auto apply_mask, int n_block, int next_n_block) {
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    // K[n] (and Q) have landed, and every thread is done reading the previous V: V's buffer may be refilled.
+    cute::cp_async_wait<0>();
+    __syncthreads();
+    load_v(apply_mask, n_block);
+    cute::cp_async_fence();
+
+    gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_thr_copy_q, smem_copy_k,
+                   smem_thr_copy_k);
+    args.transform.apply_softcap(acc_s);
+    Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
+    if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
+
+    // V[n] has landed, and every thread is done reading K[n]: K's buffer may be refilled.
+    cute::cp_async_wait<0>();
+    __syncthreads();
+    if (next_n_block >= 0) {
+      load_k(apply_mask, next_n_block);
+      cute::cp_async_fence();
+    }
+
+    softmax.update(acc_s_rc, acc_o_rc);
+    Tensor p = common::convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(p.data(), common::acc_as_a_operand_layout(p.layout()));
+    gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
+  };
+
+  const common::KvBlockRange& blocks = args.blocks;
+  copy_rows_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, args.rows_valid_q);
+  load_k(cute::true_type{}, blocks.block_at(0));
+  cute::cp_async_fence();
+  const int num_masked = blocks.num_masked();
+  for (int t = 0; t < num_masked; ++t) {
+    kv_step(cute::true_type{}, blocks.block_at(t), t + 1 < blocks.num_blocks() ? blocks.block_at(t + 1) : -1);
+  }
+  for (int n_block = blocks.n_unmasked_end - 1; n_block >= blocks.n_unmasked_begin; --n_block) {
+    kv_step(cute::false_type{}, n_block, n_block > blocks.n_unmasked_begin ? n_block - 1 : -1);
+  }
+}
+
+}  // namespace flashjax::sm80

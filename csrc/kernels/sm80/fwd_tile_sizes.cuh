@@ -1,0 +1,30 @@
+// Tile sizes of the sm80-family forward kernel: one pure function of (head dim, element type).
+#pragma once
+
+namespace flashjax::sm80 {
+
+struct FwdTileSizes {
+  int block_m;  // query rows per CTA
+  int block_n;  // keys per mainloop step
+  int warps;    // each warp owns block_m / warps query rows (the MMA tiles warps along M only)
+};
+
+// Starting point: FlashAttention-2's Ampere table, which also suits Hopper when this family is the fallback.
+// Registers dominate: per thread the f32 O accumulator holds block_m * D / threads values and the score tile
+// block_m * block_n / threads, and both must stay under the 255-register cap with no spills.
+// fp16 and bf16 have the same size and MMA shape, so the element type does not change the choice.
+// Shared memory is Q (block_m x D) + one K and one V tile (block_n x D each); 2 bytes per element.
+template <typename Element>
+constexpr FwdTileSizes fwd_tile_sizes(int head_dim) {
+  // D = 64: O is only 64 regs/thread, so a 128-key step (S: 128 regs) halves the softmax/rescale overhead per key
+  // and still leaves 48 KB of smem: 2+ CTAs per SM.
+  if (head_dim <= 64) return {128, 128, 4};
+  // D = 96 / 128: O takes 96 / 128 regs/thread; 64-key steps keep S at 64 regs. 48 / 64 KB smem: 2 CTAs per SM
+  // (sm80 163 KB, sm90 227 KB), which is what hides the mma.sync / exp2 latency.
+  if (head_dim <= 128) return {128, 64, 4};
+  // D = 192 / 256: with 4 warps O would need 192 / 256 regs/thread, so 8 warps share the 128 rows (96 / 128 regs).
+  // 96 / 128 KB smem: one CTA per SM on sm80, which the 8 warps keep busy.
+  return {128, 64, 8};
+}
+
+}  // namespace flashjax::sm80
