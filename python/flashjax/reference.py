@@ -1,0 +1,228 @@
+"""The executable spec: pure-JAX attention with exactly the semantics of DESIGN.md §2.
+
+Every kernel is tested against these two functions, and ``backend="reference"``
+runs them. They favour clarity over speed: scores are materialized in f32, in
+query-row chunks once the score matrix would pass ``_SCORE_BYTES_BUDGET``.
+They are plain jnp, so jit, grad, vjp, jvp and vmap (of the dense one) work
+through them; masking uses the double-where pattern so that empty rows, unused
+tokens and padding produce zeros, never NaN, in values and derivatives.
+
+Arguments arrive validated and resolved by ``api.py`` (scale is a float,
+``window_size`` a pair of ints, ``causal`` not yet folded into the window).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from flashjax.masks import MaskMod
+
+__all__ = ["attention", "attention_varlen"]
+
+# Largest f32 score matrix materialized at once (B * Hq * rows * Sk * 4 bytes);
+# beyond it the query rows are processed in chunks so CPU runs never OOM.
+_SCORE_BYTES_BUDGET = 256 * 2**20
+
+_COMPUTE_DTYPE = jnp.float32
+
+# (q rows [B, C, Hq, D], global row indices [C]) -> (out [B, C, Hq, Dv] f32, lse [B, Hq, C] f32)
+_RowAttention = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def attention(q, k, v, *, softmax_scale: float, causal: bool, window_size: tuple, sinks, softcap: float,
+              mask_mod: MaskMod | None):
+    """Dense attention: q [B, Sq, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv].
+
+    Returns ``(out [B, Sq, Hq, Dv] in q.dtype, lse [B, Hq, Sq] f32)``. The
+    band is bottom-right aligned (offset = Sk - Sq); ``mask_mod`` sees raw
+    top-left indices and is ANDed with it. A row with no visible key gets
+    out = 0 and lse = -inf, or lse = sinks[h] when sinks are given.
+    """
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    left, right = _band_bounds(causal, window_size)
+    k32, v32 = k.astype(_COMPUTE_DTYPE), v.astype(_COMPUTE_DTYPE)
+    kv_idx = jnp.arange(seqlen_k, dtype=jnp.int32)
+    batch_idx = jnp.arange(batch, dtype=jnp.int32).reshape(batch, 1, 1, 1)
+    head_idx = jnp.arange(heads_q, dtype=jnp.int32).reshape(1, heads_q, 1, 1)
+
+    def attend_rows(q_rows, row_idx):
+        visible = _band_visible(row_idx[:, None], kv_idx[None, :], seqlen_k - seqlen_q, left, right)
+        visible = _and_mask_mod(visible, mask_mod, batch_idx, head_idx, row_idx[None, None, :, None],
+                                kv_idx[None, None, None, :])
+        return _attend(q_rows, k32, v32, visible, row_valid=None, sinks=sinks, softmax_scale=softmax_scale,
+                       softcap=softcap)
+
+    out, lse = _map_query_chunks(attend_rows, q.astype(_COMPUTE_DTYPE), heads_q * seqlen_k)
+    return out.astype(q.dtype), lse
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_k, softmax_scale: float,
+                     causal: bool, window_size: tuple, sinks, softcap: float, mask_mod: MaskMod | None):
+    """Packed attention: q [Tq, Hq, D], k [Tk, Hk, D], v [Tk, Hk, Dv], cu_seqlens_* int32 [N + 1].
+
+    Returns ``(out [Tq, Hq, Dv] in q.dtype, lse [Hq, Tq] f32)``. Sequence b is
+    q[cu_seqlens_q[b]:cu_seqlens_q[b+1]] against k/v[cu_seqlens_k[b]:cu_seqlens_k[b+1]],
+    restricted to its first ``seqused_*[b]`` tokens when given (clamped to the
+    slot length). The band is bottom-right aligned per sequence with
+    offset = used_k - used_q; ``mask_mod`` sees b = the sequence index and
+    sequence-local indices.
+
+    The packing is runtime data (per-token sequence ids come from a binary
+    search), so one trace serves every packing. Tokens outside every used
+    range (unused query rows, tokens past ``cu_seqlens_q[-1]``) are treated as
+    rows that are not there: out = 0 and lse = -inf even when sinks are given
+    (the sink joins only real rows), with zero gradients. Unused tokens of q, k
+    and v are replaced by zeros before use, so NaN there cannot leak.
+    """
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    total_q, heads_q, _ = q.shape
+    total_k = k.shape[0]
+    if num_seqs == 0:
+        return (jnp.zeros((total_q, heads_q, v.shape[-1]), q.dtype),
+                jnp.full((heads_q, total_q), -jnp.inf, jnp.float32))
+    left, right = _band_bounds(causal, window_size)
+    used_q = _used_lengths(cu_seqlens_q, seqused_q)
+    used_k = _used_lengths(cu_seqlens_k, seqused_k)
+    k_seq, k_local, k_valid = _locate_tokens(cu_seqlens_k, used_k, jnp.arange(total_k, dtype=jnp.int32))
+    _, _, q_valid_all = _locate_tokens(cu_seqlens_q, used_q, jnp.arange(total_q, dtype=jnp.int32))
+    # Zeroing unused tokens up front keeps NaN/inf in padding out of every
+    # product, including the gradient products dq = dS k and dk = dS^T q.
+    q32 = jnp.where(q_valid_all[:, None, None], q.astype(_COMPUTE_DTYPE), 0)[None]
+    k32 = jnp.where(k_valid[:, None, None], k.astype(_COMPUTE_DTYPE), 0)[None]
+    v32 = jnp.where(k_valid[:, None, None], v.astype(_COMPUTE_DTYPE), 0)[None]
+    head_idx = jnp.arange(heads_q, dtype=jnp.int32).reshape(1, heads_q, 1, 1)
+
+    def attend_rows(q_rows, row_idx):
+        q_seq, q_local, q_valid = _locate_tokens(cu_seqlens_q, used_q, row_idx)
+        offset = (used_k - used_q)[q_seq]
+        visible = ((q_seq[:, None] == k_seq[None, :]) & q_valid[:, None] & k_valid[None, :]
+                   & _band_visible(q_local[:, None], k_local[None, :], offset[:, None], left, right))
+        visible = _and_mask_mod(visible, mask_mod, q_seq[None, None, :, None], head_idx,
+                                q_local[None, None, :, None], k_local[None, None, None, :])
+        return _attend(q_rows, k32, v32, visible, row_valid=q_valid[:, None], sinks=sinks, softmax_scale=softmax_scale,
+                       softcap=softcap)
+
+    out, lse = _map_query_chunks(attend_rows, q32, heads_q * total_k)
+    return out[0].astype(q.dtype), lse[0]
+
+
+def _band_bounds(causal: bool, window_size: tuple) -> tuple[int, int]:
+    """(left, right) after folding causal in (§2.3); a negative bound means unbounded."""
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0
+    return left, right
+
+
+def _band_visible(q_idx, kv_idx, offset, left: int, right: int):
+    """Bottom-right aligned band: i + offset - left <= j <= i + offset + right."""
+    diagonal = q_idx + offset
+    visible = jnp.ones(jnp.broadcast_shapes(jnp.shape(q_idx), jnp.shape(kv_idx), jnp.shape(offset)), jnp.bool_)
+    if right >= 0:
+        visible = visible & (kv_idx <= diagonal + right)
+    if left >= 0:
+        visible = visible & (kv_idx >= diagonal - left)
+    return visible
+
+
+def _and_mask_mod(visible, mask_mod: MaskMod | None, b, h, q_idx, kv_idx):
+    """visible AND the mod's predicate (taken as bool) at the given broadcasting raw indices."""
+    if mask_mod is None:
+        return visible
+    return visible & jnp.asarray(mask_mod(b, h, q_idx, kv_idx)).astype(jnp.bool_)
+
+
+def _used_lengths(cu_seqlens, seqused):
+    """Tokens used per sequence: the slot length, or seqused clamped into [0, slot length]."""
+    lengths = jnp.maximum(cu_seqlens[1:] - cu_seqlens[:-1], 0)
+    if seqused is None:
+        return lengths
+    return jnp.clip(seqused.astype(lengths.dtype), 0, lengths)
+
+
+def _locate_tokens(cu_seqlens, used, token_idx):
+    """Per packed token: (sequence id clamped into range, sequence-local index, is a used token).
+
+    With zero-length sequences cu_seqlens repeats values; searching on the right
+    picks the last sequence starting at or before the token, the non-empty one.
+    """
+    num_seqs = cu_seqlens.shape[0] - 1
+    seq = jnp.searchsorted(cu_seqlens, token_idx, side="right").astype(jnp.int32) - 1
+    in_range = (seq >= 0) & (seq < num_seqs)
+    seq = jnp.clip(seq, 0, num_seqs - 1)
+    local = token_idx - cu_seqlens[seq]
+    return seq, local, in_range & (local >= 0) & (local < used[seq])
+
+
+def _map_query_chunks(attend_rows: _RowAttention, q, row_score_elems: int):
+    """Applies ``attend_rows`` to all query rows of q [B, S, Hq, D], in chunks that fit the budget.
+
+    ``row_score_elems`` is the score count of one query row for one batch entry.
+    Padded rows of the last chunk are computed and dropped.
+    """
+    batch, seqlen_q, heads_q = q.shape[:3]
+    row_bytes = 4 * batch * row_score_elems
+    rows_per_chunk = max(1, _SCORE_BYTES_BUDGET // max(row_bytes, 1))
+    if rows_per_chunk >= seqlen_q:
+        return attend_rows(q, jnp.arange(seqlen_q, dtype=jnp.int32))
+    num_chunks = math.ceil(seqlen_q / rows_per_chunk)
+    padded = num_chunks * rows_per_chunk
+    q_padded = jnp.pad(q, ((0, 0), (0, padded - seqlen_q), (0, 0), (0, 0)))
+    q_chunks = q_padded.reshape(batch, num_chunks, rows_per_chunk, *q.shape[2:]).swapaxes(0, 1)
+    row_chunks = jnp.arange(padded, dtype=jnp.int32).reshape(num_chunks, rows_per_chunk)
+    out, lse = lax.map(lambda chunk: attend_rows(*chunk), (q_chunks, row_chunks))
+    # out [chunks, B, C, Hq, Dv] -> [B, Sq, Hq, Dv]; lse [chunks, B, Hq, C] -> [B, Hq, Sq].
+    out = out.swapaxes(0, 1).reshape(batch, padded, heads_q, out.shape[-1])[:, :seqlen_q]
+    lse = jnp.moveaxis(lse, 0, 2).reshape(batch, heads_q, padded)[..., :seqlen_q]
+    return out, lse
+
+
+def _attend(q_rows, k, v, visible, *, row_valid, sinks, softmax_scale: float, softcap: float):
+    """Softmax attention of a block of query rows against all keys, in f32.
+
+    q_rows [B, C, Hq, D], k [B, Sk, Hk, D], v [B, Sk, Hk, Dv]; ``visible`` is a
+    bool mask broadcastable to [B, Hq, C, Sk]; ``row_valid`` (broadcastable to
+    [C, 1], or None for all rows) says which rows exist, and only those get the
+    sink term. Returns out [B, C, Hq, Dv] and lse [B, Hq, C].
+    """
+    batch, rows, heads_q, head_dim = q_rows.shape
+    heads_k = k.shape[2]
+    group = heads_q // heads_k
+    # Query head h = kv_head * group + g reads kv head h // group (§2.2).
+    q_grouped = q_rows.reshape(batch, rows, heads_k, group, head_dim)
+    scores = jnp.einsum("bchgd,bkhd->bhgck", q_grouped, k, precision=lax.Precision.HIGHEST)
+    scores = softmax_scale * scores.reshape(batch, heads_q, rows, k.shape[1])
+    if softcap > 0:
+        scores = softcap * jnp.tanh(scores / softcap)
+    visible = jnp.broadcast_to(visible, scores.shape)
+
+    row_max = jnp.max(jnp.where(visible, scores, -jnp.inf), axis=-1, keepdims=True, initial=-jnp.inf)
+    sink_present = None
+    if sinks is not None:
+        sink_logit = jnp.broadcast_to(sinks.astype(_COMPUTE_DTYPE)[None, :, None, None], row_max.shape)
+        sink_present = jnp.broadcast_to(True if row_valid is None else row_valid, row_max.shape)
+        row_max = jnp.maximum(row_max, jnp.where(sink_present, sink_logit, -jnp.inf))
+    # The shift only keeps exp in range; lse and out do not depend on it, so
+    # no gradient flows through it. Empty rows (max = -inf) shift by 0.
+    shift = lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+    # Masked entries go to exp(-inf) = 0, whose derivative is 0: no inf * 0.
+    probs_unnormalized = jnp.exp(jnp.where(visible, scores - shift, -jnp.inf))
+    denominator = jnp.sum(probs_unnormalized, axis=-1, keepdims=True)
+    if sinks is not None:
+        denominator = denominator + jnp.exp(jnp.where(sink_present, sink_logit - shift, -jnp.inf))
+
+    # Double where: rows with nothing in the denominator take log/divide of 1
+    # so that no inf or NaN appears in either branch or its derivative.
+    has_mass = denominator > 0
+    safe_denominator = jnp.where(has_mass, denominator, 1.0)
+    lse = jnp.where(has_mass, shift + jnp.log(safe_denominator), -jnp.inf)
+
+    probs = (probs_unnormalized / safe_denominator).reshape(batch, heads_k, group, rows, k.shape[1])
+    out = jnp.einsum("bhgck,bkhd->bchgd", probs, v, precision=lax.Precision.HIGHEST)
+    return out.reshape(batch, rows, heads_q, v.shape[-1]), lse[..., 0]
