@@ -18,8 +18,15 @@ stage() { [[ " $STAGES " == *" $1 "* ]]; }
 record() { RESULT[$1]=$2; echo "== $1: $2"; }
 
 if stage build; then
-  PATH="$PWD/.venv/bin:$PATH" FLASHJAX_CUDA_ARCHS=${FLASHJAX_CUDA_ARCHS:-90a-real} tools/build.sh \
-    > "$OUT/build.log" 2>&1 && record build ok || { record build FAILED; tail -30 "$OUT/build.log"; }
+  # The GPU machine has no network: CUTLASS headers travel in .devcarry/cutlass_include (copied from the
+  # nvidia-cutlass package by the caller); the XLA FFI headers come from the jax installed there.
+  BUILD=build/device-${FLASHJAX_CUDA_ARCHS:-90a-real}
+  { cmake -S . -B "$BUILD" -G Ninja -DPython3_EXECUTABLE="$(command -v $PY)" \
+      -DFLASHJAX_KERNEL_SET="${FLASHJAX_KERNEL_SET:-full}" -DFLASHJAX_CUDA_ARCHS="${FLASHJAX_CUDA_ARCHS:-90a-real}" \
+      -DFLASHJAX_CUTLASS_INCLUDE="$PWD/.devcarry/cutlass_include" \
+      -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" &&
+    ninja -C "$BUILD" -j "$(nproc)" && cp "$BUILD/libflashjax.so" python/flashjax/ && cp "$BUILD/libflashjax.so" "$OUT/"
+  } > "$OUT/build.log" 2>&1 && record build ok || { record build FAILED; grep -E "error|Error" "$OUT/build.log" | head -30; }
 fi
 if stage info; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
