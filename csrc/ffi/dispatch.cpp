@@ -79,8 +79,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Among the entries that fit, prefer the family written for the newest arch the device has (the table is
   // small; a linear scan keeps the rule obvious).
   for (const KernelEntry& entry : table) {
+    const int family_sm = family_min_sm(entry.family);
+    const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
-        entry.head_dim != problem.head_dim || family_min_sm(entry.family) > device_sm) {
+        entry.head_dim != problem.head_dim || !family_runs) {
       continue;
     }
     if (choice.kernel == nullptr || family_min_sm(entry.family) > family_min_sm(choice.kernel->family)) {

@@ -19,6 +19,7 @@ struct KernelEntry {
   Direction direction;
   DType dtype;
   int32_t head_dim;
+  bool arch_specific;  // uses instructions of its own arch only (sm90: wgmma, setmaxnreg): runs there alone
   const void* launch;  // cudaError_t (*)(const FwdParams&, cudaStream_t) or the BwdParams twin
 };
 

@@ -3,6 +3,9 @@
 #include <cutlass/numeric_types.h>
 
 #include "kernels/sm80/launch.h"
+#if FLASHJAX_HAS_SM90
+#include "kernels/sm90/launch.h"
+#endif
 
 namespace flashjax {
 namespace {
@@ -14,8 +17,8 @@ using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
 
 const std::vector<KernelEntry>& kernel_table() {
   // Each row names an explicit instantiation compiled from csrc/kernels/generated/.
-#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim) \
-  KernelEntry{#family, direction, dtype, hdim,                                  \
+#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific)               \
+  KernelEntry{#family, direction, dtype, hdim, arch_specific,                                             \
               reinterpret_cast<const void*>(static_cast<LaunchFn<params>>(&family::run<element, hdim>))},
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI

@@ -6,7 +6,9 @@
 namespace flashjax {
 namespace {
 
-KernelEntry entry(const char* family, Direction d, DType t, int hdim) { return {family, d, t, hdim, nullptr}; }
+KernelEntry entry(const char* family, Direction d, DType t, int hdim) {
+  return {family, d, t, hdim, /*arch_specific=*/std::string_view(family) == "sm90", nullptr};
+}
 
 TEST(ArchRunsOn, SassRunsOnLaterMinorsOfTheSameMajor) {
   EXPECT_TRUE(arch_runs_on("80-real", 80));
@@ -88,6 +90,13 @@ TEST_F(ChooseKernel, MatchesDirectionDtypeAndHeadDim) {
   const Choice missing = choose_kernel(90, archs, key(Direction::kBwd, DType::kFloat16, 64), table);
   EXPECT_EQ(missing.kernel, nullptr);
   EXPECT_NE(missing.reason.find("no backward kernel for fp16 head dim 64"), std::string::npos) << missing.reason;
+}
+
+TEST_F(ChooseKernel, ArchSpecificFamiliesRunOnTheirArchOnly) {
+  std::vector<std::string> with_blackwell = {"80-real", "90a-real", "100a-real"};
+  const Choice blackwell = choose_kernel(100, with_blackwell, key(Direction::kFwd, DType::kBFloat16, 128), table);
+  ASSERT_NE(blackwell.kernel, nullptr);
+  EXPECT_STREQ(blackwell.kernel->family, "sm80");
 }
 
 TEST_F(ChooseKernel, RefusesDevicesWithoutCode) {

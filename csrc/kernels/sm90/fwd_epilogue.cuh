@@ -1,0 +1,113 @@
+// Epilogue of the sm90 forward kernel, per consumer warpgroup (64 rows): the normalized O goes registers ->
+// shared memory (the warpgroup's half of the Q buffer, via stmatrix) -> global by one TMA store; each row's LSE is
+// stored directly by the lane holding its first column.
+//
+// Ragged tiles need no separate path: the O descriptor spans (Sq, D, Hq, B), and TMA stores only the elements of a
+// box that lie inside those bounds, so rows past Sq are dropped without touching the next head's rows. (A packed
+// varlen layout, where rows past one sequence belong to the next, will need predicated stores instead.)
+//
+// Shared-memory hand-offs, in order:
+//   the warpgroup's last wgmma reading its Q half has been waited on (end of the mainloop), so generic-proxy
+//   writes may overwrite it; fence.proxy.async makes those writes visible to the TMA (async proxy) store;
+//   the issuing thread waits until the store has read shared memory, and the warpgroup syncs, before anyone
+//   writes the buffer again or tells the producer (QueryEmpty) that the next Q may land there.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "kernels/common/sm90_wgmma.cuh"
+#include "kernels/sm90/fwd_named_barriers.cuh"
+
+namespace flashjax::sm90 {
+
+template <typename Mainloop>
+struct FwdEpilogueSm90 {
+  using Element = typename Mainloop::Element;
+  using WgRows = typename Mainloop::WgRows;
+  using HeadDim = typename Mainloop::HeadDim;
+  using SmemLayoutO = typename Mainloop::SmemLayoutQHalf;
+  static constexpr int kRowsPerWarpgroup = Mainloop::kRowsPerWarpgroup;
+  static constexpr int kConsumerWarpgroups = Mainloop::kConsumerWarpgroups;
+
+  using GmemTensorO = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)),
+                                                 typename Mainloop::ShapeSDHB{}, typename Mainloop::StrideSDHB{}));
+  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutO{},
+                                            cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+  // stmatrix writes 16-byte rows of 8x8 tiles, matching the accumulator's quad layout without bank conflicts.
+  using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
+
+  struct Arguments {
+    Element* o;
+    typename Mainloop::ShapeSDHB shape_o;  // (Sq, D, Hq, B)
+    typename Mainloop::StrideSDHB stride_o;
+    float* lse;  // [B, Hq, Sq], row stride 1; nullptr: not requested
+    int64_t lse_batch_stride, lse_head_stride;
+  };
+
+  struct Params {
+    TmaO tma_o;
+    typename Mainloop::ShapeSDHB shape_o;
+    float* lse;
+    int64_t lse_batch_stride, lse_head_stride;
+  };
+
+  static Params to_params(const Arguments& args) {
+    using namespace cute;
+    Tensor m_o = make_tensor(make_gmem_ptr(args.o), args.shape_o, args.stride_o);
+    return {make_tma_copy(SM90_TMA_STORE{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}), args.shape_o,
+            args.lse, args.lse_batch_stride, args.lse_head_stride};
+  }
+
+  __device__ static void prefetch_tma_descriptors(const Params& params) {
+    cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+  }
+
+  // acc_o: this thread's normalized 64 x D accumulator; lse: its rows' LSE in the accumulator's row order.
+  template <typename AccO, int kRows>
+  __device__ static void store(const Params& params, typename Mainloop::TensorStorage& tensors, const AccO& acc_o,
+                               const float (&lse)[kRows], int warpgroup, int thread_in_wg, int m_block, int head_q,
+                               int batch) {
+    using namespace cute;
+    typename Mainloop::TiledMmaPV mma_pv;
+    Tensor s_o = make_tensor(make_smem_ptr(tensors.q.data() + warpgroup * Mainloop::kQHalfElems), SmemLayoutO{});
+
+    Tensor r_o = make_tensor<Element>(acc_o.layout());
+    common::convert_fragment_into(acc_o, r_o);
+    auto smem_copy_o = make_tiled_copy_C(SmemCopyAtomO{}, mma_pv);
+    auto thr_copy_o = smem_copy_o.get_thread_slice(thread_in_wg);
+    copy(smem_copy_o, thr_copy_o.retile_S(r_o), thr_copy_o.partition_D(s_o));
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::NamedBarrier::sync(128, FwdNamedBarrier::epilogue(warpgroup));
+
+    const int half_tile = m_block * kConsumerWarpgroups + warpgroup;
+    if (thread_in_wg == 0) {
+      Tensor m_o = params.tma_o.get_tma_tensor(params.shape_o)(_, _, head_q, batch);
+      Tensor g_o = local_tile(m_o, Shape<WgRows, HeadDim>{}, make_coord(half_tile, _0{}));
+      auto tma_o = params.tma_o.get_slice(_0{});
+      copy(params.tma_o, tma_o.partition_S(s_o), tma_o.partition_D(g_o));
+      tma_store_arrive();
+    }
+
+    if (params.lse != nullptr) {
+      const int seqlen_q = get<0>(params.shape_o);
+      const int row_start = half_tile * kRowsPerWarpgroup;
+      float* lse_rows = params.lse + batch * params.lse_batch_stride + head_q * params.lse_head_stride;
+      auto thr_mma = mma_pv.get_thread_slice(thread_in_wg);
+      Tensor tOcO_rc =
+          common::wgmma_acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<WgRows, HeadDim>{})));
+      if (get<1>(tOcO_rc(0, 0)) == 0) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = row_start + get<0>(tOcO_rc(r, 0));
+          if (row < seqlen_q) lse_rows[row] = lse[r];
+        }
+      }
+    }
+
+    if (thread_in_wg == 0) tma_store_wait<0>();
+    cutlass::arch::NamedBarrier::sync(128, FwdNamedBarrier::epilogue(warpgroup));
+  }
+};
+
+}  // namespace flashjax::sm90

@@ -1,0 +1,118 @@
+// Host launcher of the sm90 forward kernel: defines flashjax::sm90::run_fwd (declared in launch.h).
+// Included by the generated instantiation files, one per (Element, head dim).
+//
+// Per call it builds the TMA descriptors (host-side encoding, no device work), sizes the persistent grid from the
+// device's SM count and launches. Nothing here synchronizes, allocates or reads device memory, so the call can be
+// captured into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashjax/params.h"
+#include "kernels/sm90/fwd_kernel.cuh"
+#include "kernels/sm90/launch.h"
+
+namespace flashjax::sm90 {
+
+namespace detail {
+
+// TMA addresses 16-byte aligned global memory with strides that are multiples of 16 bytes below 2^40 bytes
+// (cuTensorMapEncodeTiled). The Python layer's contiguous [B, S, H, D] arrays always qualify; anything else is
+// refused here rather than failing an assert inside CUTLASS's descriptor builder.
+template <typename Element>
+bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+  constexpr int64_t kBytes = sizeof(Element);
+  auto ok = [](int64_t stride_bytes) {
+    return stride_bytes >= 0 && stride_bytes % 16 == 0 && stride_bytes < (int64_t(1) << 40);
+  };
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(row_stride * kBytes) && ok(head_stride * kBytes) &&
+         ok(batch_stride * kBytes);
+}
+
+// One tile configuration: TMA descriptors, persistent grid, launch.
+template <typename Element, int kHeadDim, int kBlockN>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Kernel = FwdKernelSm90<Element, kHeadDim, kBlockN>;
+  using Mainloop = typename Kernel::Mainloop;
+  using Epilogue = typename Kernel::Epilogue;
+  using Scheduler = typename Kernel::Scheduler;
+  const typename Scheduler::Params scheduler = Scheduler::to_params(params);
+  if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
+  if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
+  if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
+      !tma_compatible<Element>(params.k, params.k_row_stride, params.k_head_stride, params.k_batch_stride) ||
+      !tma_compatible<Element>(params.v, params.v_row_stride, params.v_head_stride, params.v_batch_stride) ||
+      !tma_compatible<Element>(params.o, params.o_row_stride, params.o_head_stride, params.o_batch_stride)) {
+    return cudaErrorInvalidValue;
+  }
+
+  // A TMA dimension cannot be 0: with Sk = 0 every tile is empty (the band has no key) and K/V are never loaded,
+  // so a 1-row descriptor is never read through.
+  const int seqlen_k_tma = params.seqlen_k > 0 ? params.seqlen_k : 1;
+  const typename Mainloop::Arguments mainloop_args{
+      static_cast<const Element*>(params.q),
+      static_cast<const Element*>(params.k),
+      static_cast<const Element*>(params.v),
+      {params.seqlen_q, kHeadDim, params.heads_q, params.batch},
+      {seqlen_k_tma, kHeadDim, params.heads_k, params.batch},
+      {params.q_row_stride, cute::_1{}, params.q_head_stride, params.q_batch_stride},
+      {params.k_row_stride, cute::_1{}, params.k_head_stride, params.k_batch_stride},
+      {params.v_row_stride, cute::_1{}, params.v_head_stride, params.v_batch_stride}};
+  const typename Epilogue::Arguments epilogue_args{
+      static_cast<Element*>(params.o),
+      {params.seqlen_q, kHeadDim, params.heads_q, params.batch},
+      {params.o_row_stride, cute::_1{}, params.o_head_stride, params.o_batch_stride},
+      params.lse,
+      params.lse_batch_stride,
+      params.lse_head_stride};
+  const typename Kernel::Params kernel_params{Mainloop::to_params(mainloop_args),
+                                              Epilogue::to_params(epilogue_args),
+                                              scheduler,
+                                              params.seqlen_q,
+                                              params.seqlen_k,
+                                              params.window_left,
+                                              params.window_right,
+                                              params.softmax_scale,
+                                              params.softcap,
+                                              params.heads_q / params.heads_k,
+                                              params.sinks};
+
+  int device = 0;
+  int num_sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+
+  auto kernel = fwd_kernel_sm90<Kernel>;
+  // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it
+  // is legal during CUDA-graph capture.
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
+  if (err != cudaSuccess) return err;
+  kernel<<<Scheduler::grid_size(scheduler, num_sms), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(kernel_params);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
+template <typename Element, int kHeadDim>
+cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
+  if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
+      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr int kBlockNBanded = fwd_tile_sizes(kHeadDim, /*banded=*/true).block_n;
+  constexpr int kBlockNUnbanded = fwd_tile_sizes(kHeadDim, /*banded=*/false).block_n;
+  if constexpr (kBlockNBanded == kBlockNUnbanded) {
+    return detail::launch_fwd<Element, kHeadDim, kBlockNBanded>(params, stream);
+  } else {
+    // The normalized band (a side that excludes nothing is dropped), so e.g. a window wider than the sequence
+    // takes the unbanded tile.
+    const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
+    return band.left >= 0 || band.right >= 0 ? detail::launch_fwd<Element, kHeadDim, kBlockNBanded>(params, stream)
+                                             : detail::launch_fwd<Element, kHeadDim, kBlockNUnbanded>(params, stream);
+  }
+}
+
+}  // namespace flashjax::sm90

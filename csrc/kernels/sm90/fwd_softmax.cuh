@@ -1,0 +1,80 @@
+// Score processing and online softmax of the sm90 forward kernel, on one consumer warpgroup's 64 x kBlockN score
+// fragment in (row, col) view (common/sm90_wgmma.cuh): each thread holds 2 rows, each row spread over a quad.
+//
+// Differs from the sm80 loop (common::OnlineSoftmax::update) in one way: the O accumulator is rescaled in a
+// separate step. With the intra-warpgroup overlap, softmax(S_j) runs while the wgmma O += P_{j-1} V_{j-1} is still
+// writing O, so the correction factors are computed first and applied only after that wgmma has been waited on.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "kernels/common/band_mask.cuh"
+#include "kernels/common/fast_math.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/softcap.cuh"
+
+namespace flashjax::sm90 {
+
+// Raw q.k accumulators -> values ordered like the true scores, with invisible keys at -inf. Softcap first: capping
+// after masking would turn -inf into -c, a visible key. The band mask runs only on the blocks that need it
+// (KvBlockRange's masked blocks, a per-block runtime decision uniform across the CTA).
+template <typename ScoresRC, typename CoordsRC>
+__device__ __forceinline__ void transform_and_mask_scores(ScoresRC& scores_rc, const CoordsRC& coords_rc,
+                                                          const common::ScoreTransform& transform,
+                                                          const common::TileMask& tile_mask, bool needs_mask,
+                                                          int n_start) {
+  transform.apply_softcap(scores_rc);
+  if (needs_mask) tile_mask.apply(scores_rc, coords_rc, n_start);
+}
+
+template <int kRows>
+struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
+  using Base = common::OnlineSoftmax<kRows>;
+  using Base::exp2_scale;
+  using Base::row_max;
+  using Base::row_sum;
+  static constexpr int kNumRows = kRows;
+
+  __device__ __forceinline__ explicit FwdOnlineSoftmaxSm90(float exp2_scale_) : Base(exp2_scale_) {}
+
+  // Folds one block into the running row max / sum and replaces the scores by exp2(s - new_max) in the log2
+  // domain. correction[r] is what O must be multiplied by (rescale_o) to be relative to the new max. The
+  // -inf guards are the ones of common::OnlineSoftmax: a row with no visible key so far keeps row_max = -inf and
+  // takes 0 as its exp2 base, so no -inf - (-inf) is formed and its probabilities and correction are 0.
+  template <typename ScoresRC>
+  __device__ __forceinline__ void update(ScoresRC& scores, float (&correction)[kRows]) {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float block_max = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
+      const float new_max = common::quad_allreduce(block_max, common::MaxOp{});
+      const float base = new_max == -INFINITY ? 0.f : new_max * exp2_scale;
+      correction[r] = common::exp2_ftz(row_max[r] * exp2_scale - base);
+      row_max[r] = new_max;
+      // Summed per thread; finalize() reduces over the quad once per tile instead of once per block.
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) {
+        const float p = common::exp2_ftz(fmaf(scores(r, c), exp2_scale, -base));
+        scores(r, c) = p;
+        sum += p;
+      }
+      row_sum[r] = row_sum[r] * correction[r] + sum;
+    }
+  }
+
+  template <typename AccORC>
+  __device__ __forceinline__ static void rescale_o(AccORC& acc_o, const float (&correction)[kRows]) {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction[r];
+    }
+  }
+};
+
+}  // namespace flashjax::sm90
