@@ -1,0 +1,96 @@
+// The band policy of csrc/kernels/common/band_mask.cuh against the DESIGN.md §2.3 predicate, brute force on the
+// host: every visible key lies in a visited block, blocks marked mask-free are fully visible to every row of the
+// tile, the visiting order is a permutation with the masked blocks first, and the per-element mask is exact.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "kernels/common/band_mask.cuh"
+
+namespace flashjax::common {
+namespace {
+
+bool visible(long long i, long long j, long long sq, long long sk, long long left, long long right) {
+  const long long offset = sk - sq;  // 64-bit: the oracle must not overflow on huge windows
+  if (j < 0 || j >= sk) return false;
+  if (right >= 0 && j > i + offset + right) return false;
+  if (left >= 0 && j < i + offset - left) return false;
+  return true;
+}
+
+template <int kBlockM, int kBlockN>
+void expect_band_exact(int sq, int sk, int left, int right) {
+  SCOPED_TRACE(::testing::Message() << "Sq " << sq << " Sk " << sk << " window (" << left << ", " << right
+                                    << ") tile " << kBlockM << "x" << kBlockN);
+  const BandMask band(sq, sk, left, right);
+  for (int m_start = 0; m_start < sq; m_start += kBlockM) {
+    const KvBlockRange range = band.kv_blocks<kBlockM, kBlockN>(m_start);
+    const TileMask mask = band.tile_mask(m_start);
+    ASSERT_LE(range.n_block_min, range.n_unmasked_begin);
+    ASSERT_LE(range.n_unmasked_begin, range.n_unmasked_end);
+    if (!range.empty()) {
+      ASSERT_LE(range.n_unmasked_end, range.n_block_max);
+      ASSERT_LE(range.n_block_max, (sk + kBlockN - 1) / kBlockN) << "visits a block past Sk";
+    }
+    std::vector<int> seen(std::max(range.num_blocks(), 0), 0);
+    for (int t = 0; t < range.num_blocks(); ++t) {
+      const int block = range.block_at(t);
+      ASSERT_GE(block, range.n_block_min);
+      ASSERT_LT(block, range.n_block_max);
+      ++seen[block - range.n_block_min];
+      if (t >= range.num_masked()) {
+        ASSERT_TRUE(block >= range.n_unmasked_begin && block < range.n_unmasked_end) << "unmasked order, t " << t;
+      }
+    }
+    for (int count : seen) ASSERT_EQ(count, 1) << "block_at is not a permutation";
+    for (int i = m_start; i < std::min(m_start + kBlockM, sq); ++i) {
+      const int r = i - m_start;
+      for (int j = 0; j < sk + kBlockN; ++j) {
+        const bool v = visible(i, j, sq, sk, left, right);
+        const int block = j / kBlockN;
+        const bool visited = !range.empty() && block >= range.n_block_min && block < range.n_block_max;
+        const bool mask_free = !range.empty() && block >= range.n_unmasked_begin && block < range.n_unmasked_end;
+        ASSERT_TRUE(!v || visited) << "row " << i << " key " << j << " visible but its block is skipped";
+        ASSERT_TRUE(v || !mask_free) << "row " << i << " key " << j << " invisible in a mask-free block";
+        const bool in_mask = j >= mask.row0_col_lo + r && j < std::min(mask.row0_col_hi + r, mask.seqlen_k);
+        ASSERT_EQ(in_mask, v) << "row " << i << " key " << j;
+      }
+    }
+  }
+}
+
+TEST(BandMask, MatchesThePredicateOnRandomProblems) {
+  std::mt19937 rng(20261129);
+  for (int it = 0; it < 1500; ++it) {
+    int sq = rng() % 300, sk = rng() % 300;
+    if (it % 7 == 0) sq = rng() % 5;
+    if (it % 11 == 0) sk = rng() % 5;
+    int left = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
+    int right = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
+    if (it % 5 == 0) right = 0;   // causal
+    if (it % 13 == 0) left = rng() % 10;  // narrow windows empty some rows when Sq > Sk
+    expect_band_exact<128, 64>(sq, sk, left, right);
+    expect_band_exact<128, 128>(sq, sk, left, right);
+    expect_band_exact<64, 128>(sq, sk, left, right);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(BandMask, HugeWindowsBehaveAsUnbounded) {
+  const BandMask band(1000, 3000, 1 << 30, 1 << 30);
+  EXPECT_EQ(band.left, -1);
+  EXPECT_EQ(band.right, -1);
+  expect_band_exact<128, 64>(1000, 3000, 2147483000, 2147483000);
+}
+
+TEST(BandMask, SlidingWindowVisitsOnlyTheBand) {
+  // S 16k, window (1024, 0): a 128-row tile must visit about (1024 + 128) / 64 blocks, not all 256.
+  const BandMask band(16384, 16384, 1024, 0);
+  const KvBlockRange range = band.kv_blocks<128, 64>(8192);
+  EXPECT_LE(range.num_blocks(), (1024 + 128) / 64 + 2);
+}
+
+}  // namespace
+}  // namespace flashjax::common
