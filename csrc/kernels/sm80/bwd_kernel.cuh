@@ -1,0 +1,38 @@
+// The sm80 backward main kernel: one CTA per (KV block, kv head, batch). It only wires the stages: the mainloop
+// (bwd_mainloop.cuh) accumulates dK / dV over the GQA group and the band's M blocks, adding dQ into the f32
+// workspace; the epilogue (bwd_epilogue.cuh) writes dK / dV once.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashjax/params.h"
+#include "kernels/common/bwd_band_mask.cuh"
+#include "kernels/sm80/bwd_epilogue.cuh"
+#include "kernels/sm80/bwd_layouts.cuh"
+#include "kernels/sm80/bwd_mainloop.cuh"
+
+namespace flashjax::sm80 {
+
+// Grid: (ceil(Sk / kBlockN), heads_k, batch); Layouts::kNThreads threads; Layouts::kSmemBytes dynamic smem.
+// Needs the preprocess (workspace rows, zeroed dq_accum) to have run on the same stream.
+template <typename Layouts>
+__global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const BwdParams params) {
+  using namespace cute;
+  using Element = typename Layouts::Element;
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  Element* smem = reinterpret_cast<Element*>(smem_bytes);
+  const int n_block = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const common::BwdBandMask mask(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
+
+  typename Layouts::TiledMmaDkv mma_dkv;
+  Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<Layouts::kBlockN>, Int<Layouts::kHeadDim>>{});
+  Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<Layouts::kBlockN>, Int<Layouts::kHeadDim>>{});
+  clear(acc_dk);
+  clear(acc_dv);
+  bwd_mainloop_sm80<Layouts>(params, mask, n_block, kv_head, batch, smem, acc_dk, acc_dv);
+  bwd_epilogue_store_dkdv<Layouts>(params, n_block, kv_head, batch, smem, acc_dk, acc_dv);
+}
+
+}  // namespace flashjax::sm80

@@ -1,0 +1,58 @@
+// Host launcher of the sm80-family backward: preprocess -> main kernel -> postprocess, all on the caller's stream.
+// Never synchronizes, allocates or reads device memory, so XLA can record it into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
+
+#include "flashjax/params.h"
+#include "kernels/sm80/bwd_fragment_utils.cuh"
+#include "kernels/sm80/bwd_kernel.cuh"
+#include "kernels/sm80/bwd_layouts.cuh"
+#include "kernels/sm80/bwd_postprocess.cuh"
+#include "kernels/sm80/bwd_preprocess.cuh"
+#include "kernels/sm80/bwd_tile_sizes.cuh"
+#include "kernels/sm80/launch.h"
+
+namespace flashjax::sm80 {
+
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
+  using Layouts = BwdLayouts<Element, kHeadDim>;
+  using RowPass = BwdRowPassShape;
+  if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
+      params.seqlen_q_rounded < ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
+      params.seqlen_q_rounded % kBwdSeqlenQRounding != 0) {
+    return cudaErrorInvalidValue;
+  }
+  // dsinks is accumulated by the preprocess (one atomic per block), so it starts from zero.
+  if (params.sinks != nullptr && params.heads_q > 0) {
+    const cudaError_t err = cudaMemsetAsync(params.dsinks, 0, sizeof(float) * params.heads_q, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (params.batch == 0 || params.heads_q == 0) return cudaGetLastError();
+
+  // Preprocess covers every padded row: the main kernel reads lse_log2 / dpsum and adds into dq_accum there.
+  if (params.seqlen_q_rounded > 0) {
+    const dim3 grid(params.seqlen_q_rounded / RowPass::kRowsPerBlock, params.heads_q, params.batch);
+    bwd_preprocess_kernel<Element, kHeadDim><<<grid, RowPass::kThreads, 0, stream>>>(params);
+  }
+
+  // With Sq = 0 the main kernel still runs: its CTAs visit no M block and write zero dK / dV.
+  if (params.seqlen_k > 0) {
+    auto kernel = bwd_kernel_sm80<Layouts>;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layouts::kSmemBytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(ceil_div(params.seqlen_k, Layouts::kBlockN), params.heads_k, params.batch);
+    kernel<<<grid, Layouts::kNThreads, Layouts::kSmemBytes, stream>>>(params);
+  }
+
+  if (params.seqlen_q > 0) {
+    const dim3 grid(ceil_div(params.seqlen_q, RowPass::kRowsPerBlock), params.heads_q, params.batch);
+    bwd_postprocess_kernel<Element, kHeadDim><<<grid, RowPass::kThreads, 0, stream>>>(params);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flashjax::sm80
