@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]     stages: build info tests sanitize bench  (default: info tests sanitize bench)
+#   tools/device_check.sh [stage ...]   stages: build info tests tests80 sanitize bench (default: all but build)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
 #   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags).
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
-STAGES=${*:-info tests sanitize bench}
+STAGES=${*:-info tests tests80 sanitize bench}
 declare -A RESULT
 
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -32,12 +32,16 @@ if stage info; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
   $PY -m flashjax 2>&1 | tee "$OUT/info.log" | head -40 && record info ok || record info FAILED
 fi
-if stage tests; then
-  $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider -rf > "$OUT/gpu_tests.log" 2>&1
-  rc=$?
-  grep -E "FLASHJAX_SWEEP_SEED|^FAILED|passed|failed" "$OUT/gpu_tests.log" | tail -25
-  record tests "$(tail -1 "$OUT/gpu_tests.log") (rc $rc)"
-fi
+run_gpu_tests() {  # $1: label, $2: value of FLASHJAX_DISABLE_FAMILIES
+  FLASHJAX_DISABLE_FAMILIES="$2" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
+    -rf ${PYTEST_ARGS:-} > "$OUT/gpu_tests_$1.log" 2>&1
+  local rc=$?
+  grep -E "^FAILED" "$OUT/gpu_tests_$1.log" | cut -c1-400 | head -15
+  record "tests_$1" "$(tail -1 "$OUT/gpu_tests_$1.log") (rc $rc)"
+}
+# On Hopper the forward runs the sm90 family by default; "sm80" runs the portable family everywhere.
+if stage tests; then run_gpu_tests default ""; fi
+if stage tests80; then run_gpu_tests sm80 sm90; fi
 if stage sanitize; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool "$tool" --kernel-name kns=flashjax --print-limit 20 \
@@ -56,7 +60,7 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info tests memcheck racecheck bench; do
+for key in build info tests_default tests_sm80 memcheck racecheck bench; do
   [ -n "${RESULT[$key]:-}" ] && printf '%-10s %s\n' "$key" "${RESULT[$key]}"
 done
 if stage bench && [ -f "$OUT/bench.log" ]; then

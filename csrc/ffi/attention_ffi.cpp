@@ -95,7 +95,7 @@ ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cu
   key.direction = direction;
   key.dtype = params.dtype;
   key.head_dim = params.head_dim;
-  const Choice choice = choose_kernel(device_sm(ordinal), compiled_archs(), key, kernel_table());
+  const Choice choice = choose_kernel(device_sm(ordinal), compiled_archs(), key, enabled_kernel_table());
   if (choice.kernel == nullptr) return invalid(choice.reason);
   using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
   const cudaError_t err = reinterpret_cast<LaunchFn>(choice.kernel->launch)(params, stream);

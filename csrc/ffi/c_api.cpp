@@ -46,7 +46,7 @@ FLASHJAX_EXPORT int flashjax_choose_kernel(int device_sm, int direction, int dty
   key.head_dim = head_dim;
   key.varlen = varlen != 0;
   key.mask_mod = mask_mod != 0;
-  const auto& table = flashjax::kernel_table();
+  const auto& table = flashjax::enabled_kernel_table();
   const flashjax::Choice choice = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key, table);
   if (reason != nullptr && reason_len > 0) {
     const size_t n = std::min(choice.reason.size(), static_cast<size_t>(reason_len - 1));

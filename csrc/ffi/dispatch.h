@@ -48,7 +48,7 @@ int32_t padded_head_dim(int32_t head_dim);
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
                      const std::vector<KernelEntry>& table);
 
-// A list separated by commas or semicolons ("80-real,90a-real") -> {"80-real", "90a-real"}.
+// A list separated by commas or semicolons (also used for family lists) ("80-real,90a-real") -> {"80-real", "90a-real"}.
 std::vector<std::string> split_archs(std::string_view archs);
 
 }  // namespace flashjax

@@ -2,6 +2,9 @@
 
 #include <cutlass/numeric_types.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "kernels/sm80/launch.h"
 #if FLASHJAX_HAS_SM90
 #include "kernels/sm90/launch.h"
@@ -30,6 +33,19 @@ const std::vector<KernelEntry>& kernel_table() {
   };
 #undef FLASHJAX_KERNEL
   return table;
+}
+
+const std::vector<KernelEntry>& enabled_kernel_table() {
+  static const std::vector<KernelEntry> enabled = [] {
+    const char* env = std::getenv("FLASHJAX_DISABLE_FAMILIES");
+    const std::vector<std::string> disabled = split_archs(env != nullptr ? env : "");
+    std::vector<KernelEntry> rows;
+    for (const KernelEntry& entry : kernel_table()) {
+      if (std::find(disabled.begin(), disabled.end(), entry.family) == disabled.end()) rows.push_back(entry);
+    }
+    return rows;
+  }();
+  return enabled;
 }
 
 const std::vector<std::string>& compiled_archs() {
