@@ -34,9 +34,9 @@ if stage info; then
 fi
 run_gpu_tests() {  # $1: label, $2: value of FLASHJAX_DISABLE_FAMILIES
   FLASHJAX_DISABLE_FAMILIES="$2" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
-    -rf ${PYTEST_ARGS:-} > "$OUT/gpu_tests_$1.log" 2>&1
+    -rf --durations=8 ${PYTEST_ARGS:-} > "$OUT/gpu_tests_$1.log" 2>&1
   local rc=$?
-  grep -E "^FAILED" "$OUT/gpu_tests_$1.log" | cut -c1-400 | head -15
+  grep -E "^FAILED|s call " "$OUT/gpu_tests_$1.log" | cut -c1-400 | head -20
   record "tests_$1" "$(tail -1 "$OUT/gpu_tests_$1.log") (rc $rc)"
 }
 # On Hopper the forward runs the sm90 family by default; "sm80" runs the portable family everywhere.

@@ -2,6 +2,8 @@
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# Every sweep case compiles new shapes: XLA's GEMM autotuning (of the reference's matmuls) would dominate the run.
+os.environ.setdefault("XLA_FLAGS", "--xla_gpu_autotune_level=0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
