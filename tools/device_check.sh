@@ -33,7 +33,7 @@ if stage info; then
   $PY -m flashjax 2>&1 | tee "$OUT/info.log" | head -40 && record info ok || record info FAILED
 fi
 run_gpu_tests() {  # $1: label, $2: value of FLASHJAX_DISABLE_FAMILIES
-  FLASHJAX_DISABLE_FAMILIES="$2" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
+  FLASHJAX_DISABLE_FAMILIES="$2" timeout "${TEST_TIMEOUT:-1800}" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
     -rf --durations=8 ${PYTEST_ARGS:-} > "$OUT/gpu_tests_$1.log" 2>&1
   local rc=$?
   grep -E "^FAILED|s call " "$OUT/gpu_tests_$1.log" | cut -c1-400 | head -20
