@@ -9,6 +9,8 @@ import sys
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# No autotuning and no CUDA-graph command buffers: the sanitizer should see plain launches of our kernels only.
+os.environ.setdefault("XLA_FLAGS", "--xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer=")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
