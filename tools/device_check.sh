@@ -32,38 +32,49 @@ if stage info; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
   $PY -m flashjax 2>&1 | tee "$OUT/info.log" | head -40 && record info ok || record info FAILED
 fi
-run_gpu_tests() {  # $1: label, $2: value of FLASHJAX_DISABLE_FAMILIES
-  FLASHJAX_DISABLE_FAMILIES="$2" timeout "${TEST_TIMEOUT:-1800}" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
+# Modes: "default" lets dispatch pick (on Hopper: sm90 forward + sm80 backward); "sm80" disables the sm90 family
+# so the portable family runs everywhere.
+disabled_for() { [ "$1" = sm80 ] && echo sm90 || true; }
+
+run_gpu_tests() {  # $1: mode
+  FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$1")" timeout "${TEST_TIMEOUT:-1800}" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
     -rf --durations=8 ${PYTEST_ARGS:-} > "$OUT/gpu_tests_$1.log" 2>&1
   local rc=$?
   grep -E "^FAILED|s call " "$OUT/gpu_tests_$1.log" | cut -c1-400 | head -20
   record "tests_$1" "$(tail -1 "$OUT/gpu_tests_$1.log") (rc $rc)"
 }
-# On Hopper the forward runs the sm90 family by default; "sm80" runs the portable family everywhere.
-if stage tests; then run_gpu_tests default ""; fi
-if stage tests80; then run_gpu_tests sm80 sm90; fi
+if stage tests; then run_gpu_tests default; fi
+if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then
+  # Each tool runs once per forward family (the sm80 backward runs in both).
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --kernel-name kns=flashjax --print-limit 20 \
-      $PY tests/gpu/sanitize.py > "$OUT/$tool.log" 2>&1
-    rc=$?
-    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -1)
-    record "$tool" "${summary:-no summary} (rc $rc)"
-    [ $rc -eq 0 ] || tail -20 "$OUT/$tool.log"
+    for mode in default sm80; do
+      FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" compute-sanitizer --tool "$tool" --kernel-name kns=flashjax \
+        --print-limit 20 $PY tests/gpu/sanitize.py > "$OUT/${tool}_$mode.log" 2>&1
+      rc=$?
+      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/${tool}_$mode.log" | tail -1)
+      record "${tool}_$mode" "${summary:-no summary} (rc $rc, $(grep -c ': ok$' "$OUT/${tool}_$mode.log") configs ok)"
+      [ $rc -eq 0 ] || tail -5 "$OUT/${tool}_$mode.log"
+    done
   done
 fi
 if stage bench; then
-  $PY bench/bench.py --quick --json "$OUT/bench.json" --png "$OUT/bench.png" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
-  rc=$?
-  record bench "rc $rc"
+  for mode in default sm80; do
+    FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" $PY bench/bench.py ${BENCH_ARGS:---quick --impls cudnn,flashjax} \
+      --json "$OUT/bench_$mode.json" > "$OUT/bench_$mode.log" 2>&1
+    record "bench_$mode" "rc $?"
+  done
 fi
 
 echo
 echo "================ summary ================"
-for key in build info tests_default tests_sm80 memcheck racecheck bench; do
+for key in build info tests_default tests_sm80 memcheck_default memcheck_sm80 racecheck_default racecheck_sm80 \
+           bench_default bench_sm80; do
   [ -n "${RESULT[$key]:-}" ] && printf '%-10s %s\n' "$key" "${RESULT[$key]}"
 done
-if stage bench && [ -f "$OUT/bench.log" ]; then
-  echo "---- bench (tail) ----"
-  tail -25 "$OUT/bench.log"
-fi
+for mode in default sm80; do
+  if stage bench && [ -f "$OUT/bench_$mode.log" ]; then
+    echo "---- bench, forward family: $mode ----"
+    grep -E "^(row|d[0-9]|gqa|swa|decode)" "$OUT/bench_$mode.log"
+  fi
+done
