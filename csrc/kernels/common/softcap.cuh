@@ -26,7 +26,10 @@ struct ScoreTransform {
   // sequence keeps so many temporaries live next to the S and O accumulators that it forced ~300 bytes of register
   // spills. What matters is the absolute error of the capped logit c * tanh (it becomes a relative error of P):
   // ~3e-7 * c here, ~1e-5 for c = 30, against ~1e-2 for tanh.approx. Saturates cleanly: 2^(+big) = inf gives 1,
-  // 2^(-big) = 0 gives -1. Only capped calls pay for it (uniform runtime branch).
+  // 2^(-big) = 0 gives -1.
+  // The uniform runtime branch does not guarantee that only capped calls pay: ptxas may if-convert it, so that
+  // uncapped calls issue the whole sequence predicated off (5 instructions per score; in the sm80 forward mainloop ~27% of its issue
+  // slots). Hot loops should call this only from code compiled for the capped case (see sm80/fwd_kernel.cuh).
   template <typename Fragment>
   __device__ __forceinline__ void apply_softcap(Fragment& scores) const {
     if (softcap > 0.f) {

@@ -49,8 +49,8 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   }
 
   if (params.seqlen_q > 0) {
-    const dim3 grid(ceil_div(params.seqlen_q, RowPass::kRowsPerBlock), params.heads_q, params.batch);
-    bwd_postprocess_kernel<Element, kHeadDim><<<grid, RowPass::kThreads, 0, stream>>>(params);
+    const dim3 grid(ceil_div(params.seqlen_q, Layouts::kBlockM), params.heads_q, params.batch);
+    bwd_postprocess_kernel<Layouts><<<grid, Layouts::kNThreads, 0, stream>>>(params);
   }
   return cudaGetLastError();
 }

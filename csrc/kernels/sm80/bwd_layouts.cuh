@@ -52,7 +52,7 @@ struct BwdLayouts {
   // dQ = dS K is computed kDqChunks column chunks at a time (see bwd_dq_chunk_cols).
   static constexpr int kDqCols = bwd_dq_chunk_cols(kBlockM, kHeadDim, kNThreads);
   static constexpr int kDqChunks = kHeadDim / kDqCols;
-  static_assert(kDqCols == kHeadDim || kDqCols % 64 == 0);
+  static_assert(kHeadDim % kDqCols == 0 && (kDqCols == kHeadDim || kDqCols % 64 == 0));
   static_assert(kBlockM % (16 * kTile.atom_m_dq) == 0 && kDqCols % (16 * (kNWarps / kTile.atom_m_dq)) == 0);
 
   // Shared memory tiles are built from 8-row swizzled atoms: rows of 64 elements (128 bytes) with

@@ -15,6 +15,7 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
+#include "kernels/sm80/bwd_dq_accum.cuh"
 #include "kernels/sm80/bwd_fragment_utils.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_mma.cuh"
@@ -46,30 +47,6 @@ __device__ __forceinline__ auto gmem_tile(const void* base, int64_t batch_offset
   using namespace cute;
   const Element* ptr = static_cast<const Element*>(base) + batch_offset + head_offset + row * row_stride;
   return make_tensor(make_gmem_ptr(ptr), Shape<Int<kRows>, Int<kHeadDim>>{}, make_stride(row_stride, _1{}));
-}
-
-// dQ_i += this step's dS K_j: adjacent column pairs of the accumulator fragment go out as one 8-byte reduction
-// on sm90+ (red.global.add.v2.f32), as two 4-byte ones before. dq_tile points at row 0, first column of the chunk,
-// of the M block in the [Sq_rounded, D] workspace slab of this (batch, head); the padding keeps every row of the
-// block in bounds.
-template <int kHeadDim, typename AccDq, typename Coords>
-__device__ __forceinline__ void atomic_add_dq(float* dq_tile, const AccDq& acc_dq, const Coords& coords) {
-  using namespace cute;
-  const auto acc_rc = fragment_rowcol_view(acc_dq);
-  const auto coord_rc = fragment_rowcol_view(coords);
-  CUTE_UNROLL
-  for (int mi = 0; mi < size<0>(acc_rc); ++mi) {
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(acc_rc); ni += 2) {
-      float* dst = dq_tile + get<0>(coord_rc(mi, ni)) * kHeadDim + get<1>(coord_rc(mi, ni));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      atomicAdd(reinterpret_cast<float2*>(dst), make_float2(acc_rc(mi, ni), acc_rc(mi, ni + 1)));
-#else
-      atomicAdd(dst, acc_rc(mi, ni));
-      atomicAdd(dst + 1, acc_rc(mi, ni + 1));
-#endif
-    }
-  }
 }
 
 // Runs every step of the CTA owning keys [n_block * kBlockN, +kBlockN) of kv_head in batch; acc_dk / acc_dv are
@@ -205,7 +182,6 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   auto tdQsKt_chunk = [&](int chunk) {
     return thr_b_dq.partition_S(local_tile(sKt, Shape<Int<kDqCols>, Int<kBlockN>>{}, make_coord(chunk, 0)));
   };
-  const auto dq_coords = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));
 
   const BwdScoreScales scales(params.softmax_scale, params.softcap);
 
@@ -273,7 +249,8 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
       Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kDqCols>>{});
       clear(acc_dq);
       gemm_smem_smem(mma_dq, acc_dq, rdS, rKt, tdQsdS, tdQsKt_chunk(chunk), copy_a_dq, copy_b_dq);
-      atomic_add_dq<kHeadDim>(params.dq_accum + ws_rows * kHeadDim + chunk * kDqCols, acc_dq, dq_coords);
+      atomic_add_dq_chunk<Layouts>(
+          params.dq_accum + dq_accum_chunk_start<Layouts>(params, batch, head, m_start / kBlockM, chunk), acc_dq);
     }
 
     gemm_smem_smem(mma_dkv, acc_dk, rdSt, rQt, tdKsdSt, thr_b_dkv.partition_S(smem_qt(stage)), copy_a_dkv, copy_b_dkv);

@@ -1,42 +1,60 @@
 // Backward postprocess: dq = softmax_scale * dq_accum, converted to Element and stored with dq's strides.
 // The main kernel accumulates dS K unscaled in f32 (atomics from every KV block); the scale is applied once here.
+// dq_accum is in the main kernel's fragment order (bwd_dq_accum.cuh), so each CTA takes one M block with the main
+// kernel's thread count and dQ MMA: thread t reads back exactly the values thread t added, with 16-byte coalesced
+// loads, and knows their (row, col) from the same accumulator partition.
 #pragma once
 
 #include <cuda_runtime.h>
+#include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
 #include "flashjax/params.h"
-#include "kernels/sm80/bwd_preprocess.cuh"
+#include "kernels/sm80/bwd_dq_accum.cuh"
 
 namespace flashjax::sm80 {
 
-// Grid: (ceil(seqlen_q / kRowsPerBlock), heads_q, batch); same row-to-thread mapping as the preprocess.
-template <typename Element, int kHeadDim>
-__global__ void __launch_bounds__(BwdRowPassShape::kThreads) bwd_postprocess_kernel(const BwdParams params) {
-  using Pass = BwdRowPassShape;
-  static_assert(Pass::kVec == 4, "one float4 of dq_accum per access");
+// Grid: (ceil(seqlen_q / kBlockM), heads_q, batch); Layouts::kNThreads threads.
+template <typename Layouts>
+__global__ void __launch_bounds__(Layouts::kNThreads) bwd_postprocess_kernel(const BwdParams params) {
+  using namespace cute;
+  using Element = typename Layouts::Element;
+  constexpr int kBlockM = Layouts::kBlockM;
+  constexpr int kDqCols = Layouts::kDqCols;
+  const int m_block = blockIdx.x;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int row = blockIdx.x * Pass::kRowsPerBlock + threadIdx.x / Pass::kThreadsPerRow;
-  if (row >= params.seqlen_q) return;
-  const int lane_in_row = threadIdx.x % Pass::kThreadsPerRow;
 
-  const float* accum_row =
-      params.dq_accum + ((int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + row) * kHeadDim;
-  auto* dq_row = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + row * params.dq_row_stride +
-                 head * params.dq_head_stride;
-  cutlass::NumericArrayConverter<Element, float, Pass::kVec> to_element;
-#pragma unroll
-  for (int c = lane_in_row * Pass::kVec; c < kHeadDim; c += Pass::kThreadsPerRow * Pass::kVec) {
-    const float4 acc = *reinterpret_cast<const float4*>(accum_row + c);
-    cutlass::Array<float, Pass::kVec> scaled;
-    scaled[0] = acc.x * params.softmax_scale;
-    scaled[1] = acc.y * params.softmax_scale;
-    scaled[2] = acc.z * params.softmax_scale;
-    scaled[3] = acc.w * params.softmax_scale;
-    const cutlass::Array<Element, Pass::kVec> converted = to_element(scaled);
-    *reinterpret_cast<uint2*>(dq_row + c) = reinterpret_cast<const uint2&>(converted);  // one 8-byte store
+  typename Layouts::TiledMmaDq mma_dq;
+  const auto coords = mma_dq.get_slice(threadIdx.x).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));
+  constexpr int kValues = decltype(size(coords))::value;
+  static_assert(kValues % kDqAccumVec == 0);
+  const int valid_rows = params.seqlen_q - m_block * kBlockM;
+  auto* dq_block = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + head * params.dq_head_stride +
+                   int64_t(m_block) * kBlockM * params.dq_row_stride;
+  cutlass::NumericArrayConverter<Element, float, 2> to_element;
+
+  CUTE_UNROLL
+  for (int chunk = 0; chunk < Layouts::kDqChunks; ++chunk) {
+    const float* chunk_accum = params.dq_accum + dq_accum_chunk_start<Layouts>(params, batch, head, m_block, chunk);
+    CUTE_UNROLL
+    for (int i = 0; i < kValues; i += kDqAccumVec) {
+      const float4 acc = *reinterpret_cast<const float4*>(chunk_accum + dq_accum_offset<Layouts>(i, threadIdx.x));
+      const float values[kDqAccumVec] = {acc.x, acc.y, acc.z, acc.w};
+      // Accumulator values 2k and 2k + 1 are adjacent columns of one row: one 4-byte store per pair.
+      CUTE_UNROLL
+      for (int j = 0; j < kDqAccumVec; j += 2) {
+        const int row = get<0>(coords(i + j));
+        if (row >= valid_rows) continue;
+        cutlass::Array<float, 2> scaled;
+        scaled[0] = values[j] * params.softmax_scale;
+        scaled[1] = values[j + 1] * params.softmax_scale;
+        const cutlass::Array<Element, 2> converted = to_element(scaled);
+        *reinterpret_cast<uint32_t*>(dq_block + row * params.dq_row_stride + chunk * kDqCols + get<1>(coords(i + j))) =
+            reinterpret_cast<const uint32_t&>(converted);
+      }
+    }
   }
 }
 

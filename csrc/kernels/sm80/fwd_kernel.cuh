@@ -1,6 +1,11 @@
 // The sm80-family forward kernel: wires tile scheduler, band, mainloop, softmax finalization and epilogue.
-// One instantiation per (Element, head dim) covers every feature: softcap, causal/local band, GQA, sinks and ragged
-// sizes are runtime decisions, taken per CTA or per KV block (see band_mask.cuh and fwd_mainloop.cuh).
+// One instantiation per (Element, head dim, softcap on/off) covers every feature: causal/local band, GQA, sinks and
+// ragged sizes are runtime decisions, taken per CTA or per KV block (see band_mask.cuh and fwd_mainloop.cuh).
+// Softcap is a compile-time switch because, as a uniform runtime branch in the mainloop, ptxas if-converted the tanh
+// code and every uncapped KV block issued it predicated off (~320 of ~1200 instructions per warp at D = 128). It is a
+// separate kernel, not a second copy of the loop in this one: with both copies inlined into one function the capped
+// copy lost its full unrolling and kept its fragments in local memory. The capped kernel keeps the runtime-checked
+// apply_softcap on purpose: its predicated form compiled to ~200 fewer register moves per block than an unchecked one.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,7 +24,7 @@
 namespace flashjax::sm80 {
 
 // Min 1 CTA/SM lets the compiler use up to 255 registers: the O accumulator alone takes 64-128 of them.
-template <typename Layouts>
+template <typename Layouts, bool kSoftcap>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const __grid_constant__ FwdParams params) {
   using namespace cute;
   using Element = typename Layouts::Element;
@@ -66,7 +71,7 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const _
   clear(acc_o);
   common::OnlineSoftmax<Layouts::kRowsPerThread> softmax(args.transform.exp2_scale);
   // A tile none of whose rows sees a key skips the loop (nothing is loaded): out = 0, lse = -inf / sink.
-  if (!args.blocks.empty()) fwd_mainloop_sm80<Layouts>(g_q, g_k, g_v, args, smem, acc_o, softmax);
+  if (!args.blocks.empty()) fwd_mainloop_sm80<Layouts, kSoftcap>(g_q, g_k, g_v, args, smem, acc_o, softmax);
 
   const float sink_log2 = params.sinks != nullptr ? params.sinks[tile.head_q] * common::kLog2e : -INFINITY;
   float lse[Layouts::kRowsPerThread];

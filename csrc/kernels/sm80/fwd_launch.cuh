@@ -25,7 +25,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write; a 0-CTA launch would be an error
   if (num_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
 
-  auto kernel = fwd_kernel_sm80<Layouts>;
+  // Same condition as ScoreTransform::apply_softcap: the capped kernel assumes softcap > 0.
+  auto kernel = params.softcap > 0.f ? fwd_kernel_sm80<Layouts, true> : fwd_kernel_sm80<Layouts, false>;
   constexpr int kSmemBytes = Layouts::kSmemBytes;
   // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it
   // is legal during CUDA-graph capture.

@@ -84,9 +84,10 @@ struct FwdMainloopArgs {
 };
 
 // Runs the whole KV loop of one CTA. g_q: (kBlockM, D) tile; g_k, g_v: (kBlockN, D, n_blocks) tiles of the head.
+// kSoftcap must equal args.transform.softcap > 0 (see fwd_kernel.cuh for why it is a compile-time switch).
 // On return acc_o and softmax hold the unnormalized output and row statistics; Q's shared buffer is free (every
 // thread is past the barrier that follows its last read), K/V buffers may still be read by the last P V.
-template <typename Layouts, typename GQ, typename GK, typename GV, typename AccO, typename Softmax>
+template <typename Layouts, bool kSoftcap, typename GQ, typename GK, typename GV, typename AccO, typename Softmax>
 __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, const GV& g_v,
                                                   const FwdMainloopArgs& args, typename Layouts::Element* smem,
                                                   AccO& acc_o, Softmax& softmax) {
@@ -158,7 +159,7 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
 
     gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_thr_copy_q, smem_copy_k,
                    smem_thr_copy_k);
-    args.transform.apply_softcap(acc_s);
+    if constexpr (kSoftcap) args.transform.apply_softcap(acc_s);
     Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
     if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
 

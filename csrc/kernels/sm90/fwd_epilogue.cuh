@@ -16,6 +16,8 @@
 //   writes the buffer again or (Q buffer) tells the producer (QueryEmpty) that the next Q may land there.
 #pragma once
 
+#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 

@@ -10,6 +10,8 @@
 //     the tensor cores (ping-pong named barriers) so that one warpgroup's softmax overlaps the other's GEMMs.
 #pragma once
 
+#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -146,10 +148,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const common::ScoreTransform transform(params.softmax_scale, params.softcap);
   PipelineState read_k, read_v;
   uint32_t q_phase = 0;  // flips once per tile with work: the only tiles that load Q
-  // The Q buffer starts free; warpgroup 0 takes the first turn on the tensor cores.
+  // The Q buffer starts free; warpgroup 0 takes the first turn on the tensor cores. That turn is granted by
+  // warpgroup 1, as every later one is: each warp takes part in a barrier phase once, either arriving or syncing,
+  // never both (a warp arriving on the barrier it then syncs on relies on the hardware counting it twice).
   cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
                                       FwdNamedBarrier::kQueryEmpty);
-  if (consumer_wg == 0) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
+  if (consumer_wg == 1) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
 
   for (int tile_index = Scheduler::first_tile(); tile_index < params.scheduler.num_tiles;
        tile_index = Scheduler::next_tile(tile_index)) {
