@@ -75,8 +75,10 @@ struct BwdParams : AttnShape {
   int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
   int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
 
-  // Workspace (f32): dq accumulator [B, Hq, Sq_rounded, D]; per-row D' = rowsum(dO∘O) - dlse and the LSE
-  // in log2 units, both [B, Hq, Sq_rounded]. Sq_rounded = round_up(Sq, 128).
+  // Workspace (f32): dq accumulator of B * Hq * Sq_rounded * D floats (the order inside it is the backward
+  // kernel's own: sm80 lays each 64-row block out in MMA-fragment order so atomics cover whole cache lines);
+  // per-row D' = rowsum(dO∘O) - dlse and the LSE in log2 units, both [B, Hq, Sq_rounded].
+  // Sq_rounded = round_up(Sq, 128).
   float* dq_accum = nullptr;
   float* dpsum = nullptr;
   float* lse_log2 = nullptr;
