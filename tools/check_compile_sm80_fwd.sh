@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile-checks one instantiation of the sm80-family forward kernel for sm_80 and sm_90a, printing register and
-# spill counts (-Xptxas -v) and the wall time per arch. Usage: tools/check_compile_sm80_fwd.sh [bf16|fp16] [head_dim]
+# spill counts (-Xptxas -v) of its two kernels (softcap off / on) and the wall time per arch.
+# Usage: tools/check_compile_sm80_fwd.sh [bf16|fp16] [head_dim]
 set -euo pipefail
 
 dtype="${1:-bf16}"
@@ -29,7 +30,8 @@ for arch in sm_80 sm_90a; do
   "$nvcc" -std=c++17 --expt-relaxed-constexpr -O3 -arch="$arch" -Xptxas -v \
     -I"$repo/csrc" -I"$repo/csrc/include" -I"$cutlass_include" \
     -c "$work/fwd_instance.cu" -o "$work/fwd_instance_$arch.o" 2>&1 |
-    grep -E "error|warning|registers|spill|bytes stack" || true
+    grep -E "error|warning|Compiling entry|registers|spill|bytes stack" |
+    sed -E "s/.*Compiling entry function .*fwd_kernel_sm80.*Lb([01])E.*/-- kernel softcap=\1/" || true
   test -s "$work/fwd_instance_$arch.o" || { echo "compile failed for $arch" >&2; exit 1; }
   echo "compile time: $(( $(date +%s) - start )) s"
 done

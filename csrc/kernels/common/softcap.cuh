@@ -28,8 +28,9 @@ struct ScoreTransform {
   // ~3e-7 * c here, ~1e-5 for c = 30, against ~1e-2 for tanh.approx. Saturates cleanly: 2^(+big) = inf gives 1,
   // 2^(-big) = 0 gives -1.
   // The uniform runtime branch does not guarantee that only capped calls pay: ptxas may if-convert it, so that
-  // uncapped calls issue the whole sequence predicated off (5 instructions per score; in the sm80 forward mainloop ~27% of its issue
-  // slots). Hot loops should call this only from code compiled for the capped case (see sm80/fwd_kernel.cuh).
+  // uncapped calls issue the whole sequence predicated off (5 instructions per score; ~27% of the sm80 forward
+  // mainloop's issue slots). Hot loops should call it only from code compiled for the capped case (see
+  // sm80/fwd_kernel.cuh).
   template <typename Fragment>
   __device__ __forceinline__ void apply_softcap(Fragment& scores) const {
     if (softcap > 0.f) {

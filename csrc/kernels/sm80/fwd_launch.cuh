@@ -25,7 +25,7 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write; a 0-CTA launch would be an error
   if (num_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
 
-  // Same condition as ScoreTransform::apply_softcap: the capped kernel assumes softcap > 0.
+  // Same condition as ScoreTransform::apply_softcap: the uncapped kernel runs only where capping is a no-op.
   auto kernel = params.softcap > 0.f ? fwd_kernel_sm80<Layouts, true> : fwd_kernel_sm80<Layouts, false>;
   constexpr int kSmemBytes = Layouts::kSmemBytes;
   // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it

@@ -84,7 +84,8 @@ struct FwdMainloopArgs {
 };
 
 // Runs the whole KV loop of one CTA. g_q: (kBlockM, D) tile; g_k, g_v: (kBlockN, D, n_blocks) tiles of the head.
-// kSoftcap must equal args.transform.softcap > 0 (see fwd_kernel.cuh for why it is a compile-time switch).
+// kSoftcap = false skips softcap entirely: only valid when args.transform.softcap <= 0 (see fwd_kernel.cuh for why
+// it is a compile-time switch).
 // On return acc_o and softmax hold the unnormalized output and row statistics; Q's shared buffer is free (every
 // thread is past the barrier that follows its last read), K/V buffers may still be read by the last P V.
 template <typename Layouts, bool kSoftcap, typename GQ, typename GK, typename GV, typename AccO, typename Softmax>
