@@ -141,7 +141,9 @@ def check(cfg: Config, errors: dict[str, float]) -> list[str]:
     tol = TOLERANCE[cfg.dtype]
     bad = []
     for name, err in errors.items():
-        limit = tol if name in ("out", "lse") else 2 * tol
+        # dsinks sums D' = rowsum(dO * O) over a head's rows; kernels form it from the rounded output (as
+        # FlashAttention does), and with few rows that sum's cancellation is not averaged out: 4x the forward's.
+        limit = tol if name in ("out", "lse") else 4 * tol if name == "dsinks" else 2 * tol
         if not err <= limit:  # NaN never passes
             bad.append(f"{name} rel err {err:.3g} > {limit:g}")
     return bad

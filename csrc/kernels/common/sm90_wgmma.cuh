@@ -7,8 +7,6 @@
 // of a quad (common::quad_allreduce).
 #pragma once
 
-#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
-
 #include <cute/tensor.hpp>
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>

@@ -1,22 +1,17 @@
 // Epilogue of the sm90 forward kernel, per consumer warpgroup (64 rows): the normalized O goes registers ->
-// shared memory (the warpgroup's half of the staging buffer, via stmatrix) -> global by one TMA store; each row's
-// LSE is stored directly by the lane holding its first column. The staging buffer is TensorStorage::o where shared
-// memory allows, else the Q buffer (FwdKernelSm90::kOwnOBuffer).
+// shared memory (the warpgroup's half of the Q buffer, via stmatrix) -> global by one TMA store; each row's LSE is
+// stored directly by the lane holding its first column.
 //
 // Ragged tiles need no separate path: the O descriptor spans (Sq, D, Hq, B), and TMA stores only the elements of a
 // box that lie inside those bounds, so rows past Sq are dropped without touching the next head's rows. (A packed
 // varlen layout, where rows past one sequence belong to the next, will need predicated stores instead.)
 //
 // Shared-memory hand-offs, in order:
-//   staging in the Q buffer: the warpgroup's last wgmma reading its Q half has been waited on (end of the
-//   mainloop), so generic-proxy writes may overwrite it; staging in its own buffer: the previous tile's store
-//   has read it (the wait below);
-//   fence.proxy.async makes those writes visible to the TMA (async proxy) store;
+//   the warpgroup's last wgmma reading its Q half has been waited on (end of the mainloop), so generic-proxy
+//   writes may overwrite it; fence.proxy.async makes those writes visible to the TMA (async proxy) store;
 //   the issuing thread waits until the store has read shared memory, and the warpgroup syncs, before anyone
-//   writes the buffer again or (Q buffer) tells the producer (QueryEmpty) that the next Q may land there.
+//   writes the buffer again or tells the producer (QueryEmpty) that the next Q may land there.
 #pragma once
-
-#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -57,11 +52,6 @@ struct FwdEpilogueSm90 {
     int64_t lse_batch_stride, lse_head_stride;
   };
 
-  // The staging buffer when it is not the Q buffer (the kernel decides, by shared-memory size).
-  struct TensorStorage {
-    cute::array_aligned<Element, kConsumerWarpgroups * Mainloop::kQHalfElems, 1024> o;
-  };
-
   static Params to_params(const Arguments& args) {
     using namespace cute;
     Tensor m_o = make_tensor(make_gmem_ptr(args.o), args.shape_o, args.stride_o);
@@ -73,14 +63,14 @@ struct FwdEpilogueSm90 {
     cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
   }
 
-  // acc_o: this thread's normalized 64 x D accumulator; lse: its rows' LSE in the accumulator's row order;
-  // smem_o: the staging buffer (two 64-row halves, SmemLayoutO each), TensorStorage::o or the Q buffer.
+  // acc_o: this thread's normalized 64 x D accumulator; lse: its rows' LSE in the accumulator's row order.
   template <typename AccO, int kRows>
-  __device__ static void store(const Params& params, Element* smem_o, const AccO& acc_o, const float (&lse)[kRows],
-                               int warpgroup, int thread_in_wg, int m_block, int head_q, int batch) {
+  __device__ static void store(const Params& params, typename Mainloop::TensorStorage& tensors, const AccO& acc_o,
+                               const float (&lse)[kRows], int warpgroup, int thread_in_wg, int m_block, int head_q,
+                               int batch) {
     using namespace cute;
     typename Mainloop::TiledMmaPV mma_pv;
-    Tensor s_o = make_tensor(make_smem_ptr(smem_o + warpgroup * Mainloop::kQHalfElems), SmemLayoutO{});
+    Tensor s_o = make_tensor(make_smem_ptr(tensors.q.data() + warpgroup * Mainloop::kQHalfElems), SmemLayoutO{});
 
     Tensor r_o = make_tensor<Element>(acc_o.layout());
     common::convert_fragment_into(acc_o, r_o);

@@ -10,14 +10,10 @@
 //     the tensor cores (ping-pong named barriers) so that one warpgroup's softmax overlaps the other's GEMMs.
 #pragma once
 
-#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/pipeline.hpp>
-
-#include <type_traits>
 
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
@@ -50,32 +46,12 @@ struct FwdKernelSm90 {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
 
-  static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
-  // O is staged for its TMA store in a buffer of its own where that fits (D <= 128 with kBlockN = 128): the
-  // consumers then free the Q buffer as soon as their last Q K^T is done, and the next tile's Q loads while this
-  // tile's epilogue runs. Otherwise O reuses the Q buffer and the next Q waits for the whole epilogue.
-  struct SharedStorageOwnO {
-    typename Mainloop::TensorStorage tensors;
-    typename Epilogue::TensorStorage o;
-    typename Mainloop::BarrierStorage barriers;
-  };
-  struct SharedStorageOInQ {
+  struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     typename Mainloop::BarrierStorage barriers;
   };
-  static constexpr bool kOwnOBuffer = sizeof(SharedStorageOwnO) <= kSmemLimitBytes;
-  using SharedStorage = std::conditional_t<kOwnOBuffer, SharedStorageOwnO, SharedStorageOInQ>;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= kSmemLimitBytes, "over the sm90 per-block shared memory limit");
-
-  // Base of the two 64-row O staging halves.
-  __device__ static typename Mainloop::Element* o_staging(SharedStorage& shared) {
-    if constexpr (kOwnOBuffer) {
-      return shared.o.o.data();
-    } else {
-      return shared.tensors.q.data();
-    }
-  }
+  static_assert(kSmemBytes <= 227 * 1024, "over the sm90 per-block shared memory limit");
 
   struct Params {
     typename Mainloop::Params mainloop;
@@ -148,12 +124,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const common::ScoreTransform transform(params.softmax_scale, params.softcap);
   PipelineState read_k, read_v;
   uint32_t q_phase = 0;  // flips once per tile with work: the only tiles that load Q
-  // The Q buffer starts free; warpgroup 0 takes the first turn on the tensor cores. That turn is granted by
-  // warpgroup 1, as every later one is: each warp takes part in a barrier phase once, either arriving or syncing,
-  // never both (a warp arriving on the barrier it then syncs on relies on the hardware counting it twice).
+  // The Q buffer starts free; warpgroup 0 takes the first turn on the tensor cores.
   cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
                                       FwdNamedBarrier::kQueryEmpty);
-  if (consumer_wg == 1) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
+  if (consumer_wg == 0) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
 
   for (int tile_index = Scheduler::first_tile(); tile_index < params.scheduler.num_tiles;
        tile_index = Scheduler::next_tile(tile_index)) {
@@ -174,24 +148,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       clear(acc_o);  // every row of the tile is empty: out = 0, lse = -inf (or the sink)
     }
 
-    // Exactly one QueryEmpty arrival per tile, empty tiles included (the producer syncs once per tile). With its
-    // own O buffer the warpgroup is done with Q here: mma() has waited on every wgmma that reads it.
-    if constexpr (Kernel::kOwnOBuffer) {
-      cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
-                                          FwdNamedBarrier::kQueryEmpty);
-    }
-
     const float sink_log2 = params.sinks != nullptr ? params.sinks[tile.head_q] * common::kLog2e : -INFINITY;
     float lse[2];
     Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
     softmax.finalize(acc_o_rc, sink_log2, lse);
-    Epilogue::store(params.epilogue, Kernel::o_staging(shared), acc_o, lse, consumer_wg, thread_in_wg,
-                    tile.m_block, tile.head_q, tile.batch);
-    if constexpr (!Kernel::kOwnOBuffer) {
-      // O was staged in the Q buffer: free only now that the TMA store has read it.
-      cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
-                                          FwdNamedBarrier::kQueryEmpty);
-    }
+    Epilogue::store(params.epilogue, shared.tensors, acc_o, lse, consumer_wg, thread_in_wg, tile.m_block,
+                    tile.head_q, tile.batch);
+    cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
+                                        FwdNamedBarrier::kQueryEmpty);
   }
 #endif
 }

@@ -6,8 +6,6 @@
 // captured into a CUDA graph.
 #pragma once
 
-#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
-
 #include <cuda_runtime.h>
 
 #include <cstdint>

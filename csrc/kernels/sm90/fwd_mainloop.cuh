@@ -10,8 +10,6 @@
 // band mask (which bounds columns by Sk) hides the keys.
 #pragma once
 
-#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
@@ -48,10 +46,6 @@ struct FwdMainloopSm90 {
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<WgRows, HeadDim, BlockN>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>()));
-  // One wgmma instruction spans the whole N of each GEMM; a narrower atom means the extended shapes are off
-  // (kernels/common/sm90_cute_config.cuh) and the GEMM re-reads its A operand once per atom.
-  static_assert(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "S = Q K^T not one atom wide");
-  static_assert(cute::size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDim, "O += P V not one atom wide");
 
   // Swizzled shared layouts in the canonical wgmma forms (the same swizzle is what TMA writes).
   using SmemLayoutAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,

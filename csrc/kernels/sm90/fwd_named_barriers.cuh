@@ -6,8 +6,7 @@
 namespace flashjax::sm90 {
 
 struct FwdNamedBarrier {
-  // Consumers -> producer: the Q buffer is free (the previous tile's wgmmas are done with it, and where O is staged
-  // in it, the O store has read it), Q of the next tile may land.
+  // Consumers -> producer: the Q buffer is free (the previous tile's O left it), Q of the next tile may land.
   // 256 consumer threads arrive, the producer warp syncs: 288 threads.
   static constexpr uint32_t kQueryEmpty = 0;
   // Ping-pong: warpgroup w waits on ping_pong(w) before issuing its GEMMs and, once they are issued, arrives on

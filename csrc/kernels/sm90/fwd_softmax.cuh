@@ -6,8 +6,6 @@
 // writing O, so the correction factors are computed first and applied only after that wgmma has been waited on.
 #pragma once
 
-#include "kernels/common/sm90_cute_config.cuh"  // first: configures the CuTe headers below
-
 #include <cute/tensor.hpp>
 
 #include "kernels/common/band_mask.cuh"

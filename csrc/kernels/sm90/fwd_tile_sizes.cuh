@@ -3,13 +3,10 @@
 //
 // Every tile has kBlockM = 128 query rows: two consumer warpgroups of 64 rows each (one wgmma M atom), which is
 // what the inter-warpgroup ping-pong needs. kBlockN (keys per mainloop step) is bounded by
-//   shared memory: Q (128 x D) + 2 stages of K and of V (kBlockN x D each), 2 bytes per element, <= 227 KB
-//                  (the kernel adds a 128 x D O staging buffer where that still fits: FwdKernelSm90::kOwnOBuffer);
+//   shared memory: Q (128 x D) + 2 stages of K and of V (kBlockN x D each), 2 bytes per element, <= 227 KB;
 //   registers:     per consumer thread S (64 x kBlockN / 128 fp32) + P (half of S, 16-bit) + O (64 x D / 128 fp32)
 //                  under the 240 that setmaxnreg grants, with S of the next block live next to P (overlap);
-//   the wgmma shapes: kBlockN is the N of S = Q K^T (a multiple of 8, issued as one instruction: 176, 112 and 80
-//                  are CuTe's extended shapes, kernels/common/sm90_cute_config.cuh) and the K of O += P V (a multiple
-//                  of 16).
+//   the wgmma shapes: kBlockN is the N of S = Q K^T (a multiple of 8) and the K of O += P V (a multiple of 16).
 // fp16 and bf16 share sizes and wgmma shapes, so the element type does not change the choice.
 #pragma once
 
