@@ -87,7 +87,13 @@ def render():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed files are stale")
+    parser.add_argument("--print", nargs=4, metavar=("FAMILY", "DIRECTION", "DTYPE", "HDIM"),
+                        help="print one instantiation file (tools/check_compile.sh compiles it)")
     args = parser.parse_args()
+    if args.print:
+        family, direction, dtype, hdim = args.print
+        print(instantiation(family, direction, dtype, int(hdim)), end="")
+        return 0
     files = render()
     stale = [n for n, text in files.items()
              if not (OUT_DIR / n).exists() or (OUT_DIR / n).read_text() != text]

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Compile-checks kernel instantiations without a GPU and prints ptxas' register / spill / stack report per kernel
+# and the compile time per arch. The translation unit is the generated one (tools/gen_kernels.py --print).
+# Portable families compile for sm_80 and sm_90a; arch-specific ones (sm90) for sm_90a only, and for those a small
+# host program also prints the dynamic shared memory per tile configuration (ptxas does not see it).
+# Usage: tools/check_compile.sh FAMILY DIRECTION [bf16|fp16] [head_dim ...]     e.g. tools/check_compile.sh sm80 bwd bf16 64 128
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+family="${1:?family (sm80, sm90)}"
+direction="${2:?direction (fwd, bwd)}"
+dtype="${3:-bf16}"
+shift $(( $# < 3 ? $# : 3 ))
+head_dims=("$@")
+[[ ${#head_dims[@]} -gt 0 ]] || head_dims=(128)
+case "$dtype" in
+  bf16) element="cutlass::bfloat16_t" ;;
+  fp16) element="cutlass::half_t" ;;
+  *) echo "dtype must be bf16 or fp16, got '$dtype'" >&2; exit 2 ;;
+esac
+case "$family" in
+  sm90) archs=(sm_90a) ;;
+  *) archs=(sm_80 sm_90a) ;;
+esac
+nvcc="${NVCC:-/usr/local/cuda/bin/nvcc}"
+python="${PYTHON:-$repo/.venv/bin/python}"
+cutlass_include="${CUTLASS_INCLUDE:-$("$python" -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')}"
+flags=(-std=c++17 --expt-relaxed-constexpr -O3 -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+       -I"$repo/csrc" -I"$repo/csrc/include" -isystem "$cutlass_include")
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+for hdim in "${head_dims[@]}"; do
+  "$python" "$repo/tools/gen_kernels.py" --print "$family" "$direction" "$dtype" "$hdim" >"$work/instance.cu"
+  for arch in "${archs[@]}"; do
+    echo "== $family $direction $dtype hdim $hdim, $arch"
+    start=$(date +%s)
+    status=0
+    "$nvcc" "${flags[@]}" -gencode="arch=compute_${arch#sm_},code=$arch" -Xptxas -v \
+      -c "$work/instance.cu" -o "$work/instance.o" >"$work/log" 2>&1 || status=$?
+    grep -E "error|warning|Compiling entry|registers|spill|bytes stack" "$work/log" |
+      grep -v "Function properties" || true
+    if [ "$status" -ne 0 ] || [ ! -s "$work/instance.o" ]; then
+      echo "compile failed:" >&2
+      head -60 "$work/log" >&2
+      exit 1
+    fi
+    echo "   compile time: $(( $(date +%s) - start )) s"
+  done
+  if [ "$family" = sm90 ] && [ "$direction" = fwd ]; then
+    cat >"$work/smem_size.cu" <<CU
+#include <cstdio>
+#include "kernels/sm90/fwd_kernel.cuh"
+template <bool kBanded>
+void print_config() {
+  using namespace flashjax::sm90;
+  constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kBanded);
+  using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_n>;
+  std::printf("   %s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", kBanded ? "banded  " : "unbanded",
+              kTile.block_m, kTile.block_n, Kernel::kSmemBytes);
+}
+int main() {
+  print_config<false>();
+  print_config<true>();
+}
+CU
+    "$nvcc" "${flags[@]}" -gencode=arch=compute_90a,code=sm_90a "$work/smem_size.cu" -o "$work/smem_size"
+    "$work/smem_size"
+  fi
+done
