@@ -21,7 +21,7 @@ struct BwdTileSizes {
 // Starting point: FlashAttention-2's Ampere table. Per thread, with T = 32 * warps threads, the dK and dV
 // accumulators live in registers for the whole CTA (2 * block_n * D / T f32), and each step adds S and dP
 // (2 * block_m * block_n / T f32); with the MMA operands and shared-memory addresses on top, that is what the
-// 255-register cap bounds (tools/check_compile_sm80_bwd.sh prints what ptxas made of it).
+// 255-register cap bounds (tools/check_compile.sh sm80 bwd prints what ptxas made of it).
 // Shared memory is stages * (Q + dO) + K + V + P + dS:
 //   2 bytes * (2 * stages * block_m * D + 2 * block_n * D + 2 * block_m * block_n),
 // which must stay under sm80's 163 KB per CTA so that one binary serves sm80 and sm90 (227 KB).
