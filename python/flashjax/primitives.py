@@ -87,14 +87,11 @@ def _attrs(params):
     return {name: _ATTR_TYPES[name](value) for name, value in params.items()}
 
 
-def _fwd_lowering(ctx, *args, **params):
-    _ffi.register_targets()
-    return jax.ffi.ffi_lowering(_ffi.FWD_TARGET)(ctx, *args, **_attrs(params))
-
-
-def _bwd_lowering(ctx, *args, **params):
-    _ffi.register_targets()
-    return jax.ffi.ffi_lowering(_ffi.BWD_TARGET)(ctx, *args, **_attrs(params))
+def _kernel_lowering(target):
+    def lowering(ctx, *args, **params):
+        _ffi.register_targets()
+        return jax.ffi.ffi_lowering(target)(ctx, *args, **_attrs(params))
+    return lowering
 
 
 def _tangent_lowering(ctx, *args, **params):
@@ -103,8 +100,8 @@ def _tangent_lowering(ctx, *args, **params):
         "call flash_attn(..., backend='reference') for forward mode. Reverse mode (jax.grad/vjp) runs the kernels.")
 
 
-mlir.register_lowering(fwd_p, _fwd_lowering, platform="cuda")
-mlir.register_lowering(bwd_p, _bwd_lowering, platform="cuda")
+mlir.register_lowering(fwd_p, _kernel_lowering(_ffi.FWD_TARGET), platform="cuda")
+mlir.register_lowering(bwd_p, _kernel_lowering(_ffi.BWD_TARGET), platform="cuda")
 mlir.register_lowering(tangent_p, _tangent_lowering, platform="cuda")
 mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 
