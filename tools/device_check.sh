@@ -3,7 +3,10 @@
 #   tools/device_check.sh [stage ...]   stages: build info tests tests80 sanitize bench (default: all but build)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
-#   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags).
+#   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
+#   SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_MODES (default "default sm80"),
+#   SANITIZE_ARGS (flashjax_sanitize flags, e.g. "--only 3"), SANITIZE_DRIVER (the driver binary; default: the one
+#   the build stage made), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -24,6 +27,7 @@ if stage build; then
   { cmake -S . -B "$BUILD" -G Ninja -DPython3_EXECUTABLE="$(command -v $PY)" \
       -DFLASHJAX_KERNEL_SET="${FLASHJAX_KERNEL_SET:-full}" -DFLASHJAX_CUDA_ARCHS="${FLASHJAX_CUDA_ARCHS:-90a-real}" \
       -DFLASHJAX_CUTLASS_INCLUDE="$PWD/.devcarry/cutlass_include" \
+      -DFLASHJAX_BUILD_SANITIZE_DRIVER=ON \
       -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" &&
     ninja -C "$BUILD" -j "$(nproc)" && cp "$BUILD/libflashjax.so" python/flashjax/ && cp "$BUILD/libflashjax.so" "$OUT/"
   } > "$OUT/build.log" 2>&1 && record build ok || { record build FAILED; grep -E "error|Error" "$OUT/build.log" | head -30; }
@@ -46,17 +50,41 @@ run_gpu_tests() {  # $1: mode
 if stage tests; then run_gpu_tests default; fi
 if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then
-  # Each tool runs once per forward family (the sm80 backward runs in both).
-  for tool in memcheck racecheck; do
-    for mode in default sm80; do
-      FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" compute-sanitizer --tool "$tool" --kernel-name kns=flashjax \
-        --print-limit 20 $PY tests/gpu/sanitize.py > "$OUT/${tool}_$mode.log" 2>&1
-      rc=$?
-      summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/${tool}_$mode.log" | tail -1)
-      record "${tool}_$mode" "${summary:-no summary} (rc $rc, $(grep -c ': ok$' "$OUT/${tool}_$mode.log") configs ok)"
-      [ $rc -eq 0 ] || tail -5 "$OUT/${tool}_$mode.log"
+  # compute-sanitizer runs tests/sanitize's flashjax_sanitize (built by the build stage): our kernels launched from
+  # C++ on short ragged configs, forward then backward, with no Python or XLA in the process (racecheck on a JAX
+  # process crashed the tool itself, rc 139). Each tool runs once per mode: "default" is the sm90 forward on
+  # Hopper, "sm80" the portable one; the sm80 backward runs in both. Only kernels named flashjax* are checked.
+  DRIVER=${SANITIZE_DRIVER:-build/device-${FLASHJAX_CUDA_ARCHS:-90a-real}/tests/sanitize/flashjax_sanitize}
+  [ -x "$DRIVER" ] || DRIVER=$(ls -t build/*/tests/sanitize/flashjax_sanitize 2>/dev/null | head -1)
+  SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ -z "$DRIVER" ] || [ ! -x "$DRIVER" ]; then
+    record sanitize "FAILED: no flashjax_sanitize binary (run the build stage, or set SANITIZE_DRIVER)"
+  else
+    echo "sanitize: $DRIVER"
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+      for mode in ${SANITIZE_MODES:-default sm80}; do
+        log="$OUT/${tool}_$mode.log"
+        FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" timeout "${SANITIZE_TIMEOUT:-300}" \
+          "$SANITIZER" --tool "$tool" --kernel-name kns=flashjax --print-limit 20 \
+          "$DRIVER" ${SANITIZE_ARGS:-} > "$log" 2>&1
+        rc=$?
+        summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
+        record "${tool}_$mode" "${summary:-no summary} (rc $rc, $(grep -c ': ok$' "$log") configs ok)"
+        [ $rc -eq 0 ] || { grep -E "FAILED" "$log" | head -5; tail -5 "$log"; }
+      done
     done
-  done
+  fi
+  # The JAX path under memcheck once more (default mode only): the same kernels, reached through the FFI handlers
+  # with XLA's buffers (tests/gpu/sanitize.py). It adds little over the driver (same layouts and workspace sizes)
+  # but is the one check of the handlers' buffer plumbing under the sanitizer; SANITIZE_JAX=0 skips it.
+  if [ "${SANITIZE_JAX:-1}" != 0 ]; then
+    timeout "${SANITIZE_TIMEOUT:-300}" "$SANITIZER" --tool memcheck --kernel-name kns=flashjax --print-limit 20 \
+      $PY tests/gpu/sanitize.py > "$OUT/memcheck_jax.log" 2>&1
+    rc=$?
+    summary=$(grep -E "ERROR SUMMARY" "$OUT/memcheck_jax.log" | tail -1 | sed 's/^=* *//')
+    record memcheck_jax "${summary:-no summary} (rc $rc, $(grep -c ': ok$' "$OUT/memcheck_jax.log") configs ok)"
+    [ $rc -eq 0 ] || tail -5 "$OUT/memcheck_jax.log"
+  fi
 fi
 if stage bench; then
   for mode in default sm80; do
@@ -68,9 +96,9 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info tests_default tests_sm80 memcheck_default memcheck_sm80 racecheck_default racecheck_sm80 \
-           bench_default bench_sm80; do
-  [ -n "${RESULT[$key]:-}" ] && printf '%-10s %s\n' "$key" "${RESULT[$key]}"
+for key in build info tests_default tests_sm80 sanitize memcheck_default memcheck_sm80 racecheck_default \
+           racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80; do
+  [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
 done
 for mode in default sm80; do
   if stage bench && [ -f "$OUT/bench_$mode.log" ]; then

@@ -11,7 +11,9 @@
 
 #include "ffi/dispatch.h"
 #include "ffi/kernel_table.h"
+#include "ffi/strides.h"
 #include "flashjax/params.h"
+#include "flashjax/workspace.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -73,15 +75,7 @@ ffi::Error fill_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::AnyBuffe
       p.heads_k == 0 || p.heads_q % p.heads_k != 0) {
     return invalid("inconsistent shapes q " + dims_str(qd) + ", k " + dims_str(kd) + ", v " + dims_str(vd));
   }
-  const int64_t D = p.head_dim;
-  p.q_head_stride = p.o_head_stride = D;
-  p.q_row_stride = p.o_row_stride = D * p.heads_q;
-  p.q_batch_stride = p.o_batch_stride = p.q_row_stride * p.seqlen_q;
-  p.k_head_stride = p.v_head_stride = D;
-  p.k_row_stride = p.v_row_stride = D * p.heads_k;
-  p.k_batch_stride = p.v_batch_stride = p.k_row_stride * p.seqlen_k;
-  p.lse_head_stride = p.seqlen_q;
-  p.lse_batch_stride = static_cast<int64_t>(p.seqlen_q) * p.heads_q;
+  set_contiguous_strides(p);
   p.softmax_scale = softmax_scale;
   p.softcap = softcap;
   p.window_left = window_left;
@@ -135,10 +129,10 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads_q;
-  const int64_t rounded = dpsum->element_count() / (rows > 0 ? rows : 1);
-  if (rounded < p.seqlen_q || dq_accum->element_count() < static_cast<size_t>(rows * rounded * p.head_dim) ||
-      lse_log2->element_count() != dpsum->element_count()) {
+  const BwdWorkspaceLayout workspace = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim);
+  if (dq_accum->element_count() < static_cast<size_t>(workspace.dq_accum) ||
+      dpsum->element_count() < static_cast<size_t>(workspace.per_row) ||
+      lse_log2->element_count() < static_cast<size_t>(workspace.per_row)) {
     return invalid("backward workspace is smaller than the problem needs");
   }
   p.q = q.untyped_data();
@@ -153,16 +147,11 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
   p.dsinks = has_sinks ? dsinks->typed_data() : nullptr;
-  p.do_batch_stride = p.dq_batch_stride = p.q_batch_stride;
-  p.do_row_stride = p.dq_row_stride = p.q_row_stride;
-  p.do_head_stride = p.dq_head_stride = p.q_head_stride;
-  p.dk_batch_stride = p.dv_batch_stride = p.k_batch_stride;
-  p.dk_row_stride = p.dv_row_stride = p.k_row_stride;
-  p.dk_head_stride = p.dv_head_stride = p.k_head_stride;
+  set_gradient_strides(p);
   p.dq_accum = dq_accum->typed_data();
   p.dpsum = dpsum->typed_data();
   p.lse_log2 = lse_log2->typed_data();
-  p.seqlen_q_rounded = static_cast<int32_t>(rounded);
+  p.seqlen_q_rounded = workspace.seqlen_q_rounded;
   if (!has_sinks && dsinks->element_count() > 0) {
     // Keep the unused output defined: XLA may hand it to other ops.
     cudaMemsetAsync(dsinks->typed_data(), 0, dsinks->size_bytes(), stream);

@@ -8,6 +8,7 @@
 
 #include "ffi/dispatch.h"
 #include "ffi/kernel_table.h"
+#include "flashjax/workspace.h"
 
 #define FLASHJAX_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -25,7 +26,8 @@ std::string build_info_json() {
   }
   return std::string("{\"version\": \"") + FLASHJAX_VERSION + "\", \"kernel_set\": \"" + FLASHJAX_KERNEL_SET +
          "\", \"cuda_archs\": [" + archs + "], \"cuda_version\": " + std::to_string(CUDART_VERSION) +
-         ", \"bwd_seqlen_q_rounding\": 128, \"kernels\": [" + kernels + "]}";
+         ", \"bwd_seqlen_q_rounding\": " + std::to_string(flashjax::kBwdSeqlenQRounding) + ", \"kernels\": [" +
+         kernels + "]}";
 }
 
 }  // namespace

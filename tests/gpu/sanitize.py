@@ -1,6 +1,8 @@
-"""A short kernel run for compute-sanitizer (memcheck, racecheck): fixed ragged configs, forward and backward.
+"""A short kernel run through JAX for compute-sanitizer's memcheck: fixed ragged configs, forward and backward.
 
-Run as: compute-sanitizer --tool memcheck --kernel-name regex:flashjax python tests/gpu/sanitize.py
+Run as: compute-sanitizer --tool memcheck --kernel-name kns=flashjax python tests/gpu/sanitize.py
+racecheck crashes on a JAX process; it and synccheck (and memcheck again) run on tests/sanitize's C++ driver,
+which launches the same kernels with no Python or XLA (tools/device_check.sh sanitize runs both).
 XLA_PYTHON_CLIENT_ALLOCATOR=platform makes every buffer its own allocation, so an out-of-bounds access is not
 hidden inside a pooled block.
 """

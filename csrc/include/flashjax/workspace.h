@@ -1,0 +1,33 @@
+// Sizes of the backward's f32 workspace (BwdParams::dq_accum, dpsum, lse_log2): the one definition that the FFI
+// handler checks XLA's buffers against, the C API reports to Python (build info "bwd_seqlen_q_rounding", from
+// which primitives.py sizes the buffers it declares) and tests/sanitize allocates by.
+#pragma once
+
+#include <cstdint>
+
+namespace flashjax {
+
+// Rows of the per-row workspace are padded to a multiple of this (BwdParams::seqlen_q_rounded). The sm80 backward
+// requires it: kernels/sm80/bwd_tile_sizes.cuh's kBwdSeqlenQRounding is the same number.
+inline constexpr int32_t kBwdSeqlenQRounding = 128;
+
+struct BwdWorkspaceLayout {
+  int32_t seqlen_q_rounded = 0;  // round_up(Sq, kBwdSeqlenQRounding)
+  int64_t dq_accum = 0;          // floats: B * Hq * seqlen_q_rounded * D
+  int64_t per_row = 0;           // floats in each of dpsum and lse_log2: B * Hq * seqlen_q_rounded
+};
+
+constexpr int32_t bwd_seqlen_q_rounded(int32_t seqlen_q) {
+  return (seqlen_q + kBwdSeqlenQRounding - 1) / kBwdSeqlenQRounding * kBwdSeqlenQRounding;
+}
+
+constexpr BwdWorkspaceLayout bwd_workspace_layout(int32_t batch, int32_t heads_q, int32_t seqlen_q,
+                                                  int32_t head_dim) {
+  BwdWorkspaceLayout layout;
+  layout.seqlen_q_rounded = bwd_seqlen_q_rounded(seqlen_q);
+  layout.per_row = int64_t(batch) * heads_q * layout.seqlen_q_rounded;
+  layout.dq_accum = layout.per_row * head_dim;
+  return layout;
+}
+
+}  // namespace flashjax

@@ -1,0 +1,543 @@
+// flashjax_sanitize: flashjax's kernels launched straight from C++ for compute-sanitizer (memcheck, racecheck,
+// synccheck). A JAX process under racecheck crashes the tool, and XLA's own kernels and allocator only add noise,
+// so this program has no Python or XLA in it: it links the objects libflashjax.so links, picks each kernel through
+// the library's table and dispatcher (FLASHJAX_DISABLE_FAMILIES honoured the same way), fills FwdParams/BwdParams
+// with the FFI handlers' strides and workspace sizes, and runs forward then backward on short ragged configs.
+//
+//   flashjax_sanitize              run every config; one line each, ending in ": ok" or ": FAILED <why>"
+//   flashjax_sanitize --only N     run config N only (repeatable)
+//   flashjax_sanitize --list       print the configs and exit (no GPU needed)
+// Exit status 0 when every config passed, 1 otherwise.
+//
+// Each config runs on one (dtype, head dim) pair that both directions have a kernel for on this device, taken in
+// turn from the pairs the build holds, so the full kernel set spreads its widths over the configs and the CI set
+// runs them all on bf16 / 64. Inputs are random normals (never zeros). Every output and workspace buffer starts as
+// NaN, so a kernel that leaves any element unwritten fails the checks; every tensor is its own exact-size
+// allocation, so memcheck sees any access past its end. The checks are sanity, not accuracy (tests/gpu holds the
+// kernel-vs-reference tests): the forward against a float64 reference on the same rounded inputs, the gradients
+// finite, and the zeros the semantics promise (DESIGN.md §2.5): empty rows get out = 0, lse = -inf (the sink logit
+// with sinks) and dq = 0; keys no row sees get dk = dv = 0.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ffi/dispatch.h"
+#include "ffi/kernel_table.h"
+#include "ffi/strides.h"
+#include "flashjax/params.h"
+#include "flashjax/workspace.h"
+#include "kernels/sm80/bwd_tile_sizes.cuh"
+
+static_assert(flashjax::kBwdSeqlenQRounding == flashjax::sm80::kBwdSeqlenQRounding,
+              "the workspace rounding the FFI layer allocates by must be the one the sm80 backward requires");
+
+namespace {
+
+using flashjax::BwdParams;
+using flashjax::DType;
+using flashjax::FwdParams;
+using flashjax::KernelEntry;
+
+// One problem. window_right = 0 is causal (DESIGN.md §2.3); -1 leaves a side unbounded.
+struct Config {
+  int batch, seqlen_q, seqlen_k, heads_q, heads_k;
+  int window_left, window_right;
+  bool sinks;
+  float softcap;
+  bool dlse;  // pass a cotangent for lse (the backward's optional input)
+  const char* what;
+};
+
+// Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
+// causal, windows that empty rows, sinks, softcap, and empty sequences on either side.
+const Config kConfigs[] = {
+    {2, 77, 130, 4, 2, -1, -1, false, 0.f, false, "full attention, ragged Sq < Sk, GQA 4/2"},
+    {1, 130, 77, 4, 2, -1, -1, false, 5.f, true, "full attention, Sq > Sk, softcap 5, dlse"},
+    {2, 300, 130, 4, 2, -1, 0, false, 0.f, false, "causal, Sq > Sk: the first 170 rows see no key"},
+    {1, 77, 300, 4, 1, -1, 0, true, 0.f, true, "causal, Sq < Sk, MQA 4/1, sinks, dlse"},
+    {2, 1, 300, 4, 1, -1, 0, true, 0.f, false, "decode: one query against 300 keys, sinks"},
+    {1, 130, 1, 2, 2, -1, -1, false, 30.f, false, "a single key, softcap 30"},
+    {1, 300, 77, 4, 2, 16, 3, true, 0.f, false, "window (16, 3), Sq > Sk: rows 0..219 empty, with sinks"},
+    {2, 130, 300, 2, 1, 32, 7, false, 5.f, true, "two-sided window (32, 7), Sq < Sk, softcap 5, dlse"},
+    {1, 129, 129, 4, 4, 0, 0, true, 0.f, false, "window (0, 0): the diagonal only, sinks"},
+    {1, 300, 300, 4, 2, 64, 0, true, 30.f, true, "causal + left window 64, softcap 30, sinks, dlse"},
+    {2, 0, 77, 4, 2, -1, 0, false, 0.f, false, "Sq = 0: no queries, dk = dv = 0"},
+    {1, 77, 0, 4, 2, -1, -1, true, 0.f, true, "Sk = 0: every row empty, sinks, dlse"},
+};
+constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
+
+// A compiled (dtype, head dim) with the kernels dispatch picks for it on this device.
+struct Variant {
+  DType dtype;
+  int head_dim;
+  const KernelEntry* fwd;
+  const KernelEntry* bwd;
+};
+
+struct Failure {
+  std::string why;
+};
+
+#define CUDA_CHECK(expr)                                                                                 \
+  do {                                                                                                   \
+    const cudaError_t err_ = (expr);                                                                     \
+    if (err_ != cudaSuccess) throw Failure{std::string(#expr) + ": " + cudaGetErrorString(err_)};        \
+  } while (0)
+
+const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
+
+std::string describe(const Config& c) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "B%d Sq%d Sk%d H%d/%d window(%d,%d)%s%s%s", c.batch, c.seqlen_q, c.seqlen_k,
+                c.heads_q, c.heads_k, c.window_left, c.window_right, c.sinks ? " sinks" : "",
+                c.softcap > 0.f ? (" softcap=" + std::to_string(static_cast<int>(c.softcap))).c_str() : "",
+                c.dlse ? " dlse" : "");
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------- device buffers
+// Every tensor is its own cudaMalloc of exactly its size. A zero-element tensor gets a 16-byte block instead of
+// null (no row of any tensor fits in 16 bytes, so memcheck still flags a read through it; XLA hands the handlers
+// non-null pointers too).
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    for (void* p : blocks_) cudaFree(p);
+  }
+  template <typename T>
+  T* alloc(int64_t elements) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(16, sizeof(T) * static_cast<size_t>(elements))));
+    blocks_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  std::vector<void*> blocks_;
+};
+
+__host__ __device__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+template <typename T>
+__device__ T from_float(float x);
+template <>
+__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ float from_float<float>(float x) { return x; }
+
+// Normal(0, 1) samples (Box-Muller on a counter hash): a pure function of (seed, index), so runs repeat exactly.
+template <typename T>
+__global__ void fill_normal(T* out, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t h = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i)));
+    const float u1 = (static_cast<float>(h >> 40) + 1.f) * 0x1p-24f;                // (0, 1]
+    const float u2 = static_cast<float>((h >> 16) & 0xFFFFFFu) * 0x1p-24f;          // [0, 1)
+    out[i] = from_float<T>(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
+  }
+}
+
+template <typename T>
+void fill(T* out, int64_t n, uint64_t seed) {
+  if (n == 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
+  fill_normal<T><<<blocks, 256>>>(out, n, seed);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// q/k/v/o/dout and their gradients are 16-bit elements of the problem's dtype.
+void* alloc_element(Arena& arena, int64_t n) { return arena.alloc<uint16_t>(n); }
+
+void fill_element(void* out, int64_t n, DType dtype, uint64_t seed) {
+  if (dtype == DType::kFloat16) {
+    fill(static_cast<__half*>(out), n, seed);
+  } else {
+    fill(static_cast<__nv_bfloat16*>(out), n, seed);
+  }
+}
+
+// All bits set is NaN in f32, fp16 and bf16 alike.
+void poison(void* p, int64_t bytes) {
+  if (bytes > 0) CUDA_CHECK(cudaMemset(p, 0xFF, static_cast<size_t>(bytes)));
+}
+
+// ---------------------------------------------------------------------------------------------- host side
+float element_to_float(uint16_t bits, DType dtype) {
+  if (dtype == DType::kFloat16) {
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
+  }
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &word, sizeof(f));
+  return f;
+}
+
+std::vector<float> elements_to_host(const void* dev, int64_t n, DType dtype) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  if (n > 0) CUDA_CHECK(cudaMemcpy(bits.data(), dev, sizeof(uint16_t) * n, cudaMemcpyDeviceToHost));
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = element_to_float(bits[i], dtype);
+  return out;
+}
+
+std::vector<float> floats_to_host(const float* dev, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  if (n > 0) CUDA_CHECK(cudaMemcpy(out.data(), dev, sizeof(float) * n, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+// The keys query row i sees, [lo, hi] (empty when lo > hi): DESIGN.md §2.3, bottom-right aligned.
+struct KeyRange {
+  int64_t lo, hi;
+  bool empty() const { return lo > hi; }
+};
+
+KeyRange visible_keys(const Config& c, int64_t i) {
+  const int64_t offset = int64_t(c.seqlen_k) - c.seqlen_q;
+  int64_t lo = 0, hi = int64_t(c.seqlen_k) - 1;
+  if (c.window_right >= 0) hi = std::min(hi, i + offset + c.window_right);
+  if (c.window_left >= 0) lo = std::max(lo, i + offset - c.window_left);
+  return {lo, hi};
+}
+
+void expect_finite(const std::vector<float>& x, const char* name) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!std::isfinite(x[i])) throw Failure{std::string(name) + "[" + std::to_string(i) + "] = " +
+                                            std::to_string(x[i]) + " is not finite"};
+  }
+}
+
+// ---------------------------------------------------------------------------------------------- one config
+template <typename Params>
+cudaError_t launch(const KernelEntry& entry, const Params& params, cudaStream_t stream) {
+  using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
+  return reinterpret_cast<LaunchFn>(entry.launch)(params, stream);
+}
+
+void run_config(int index, const Config& c, const Variant& variant, cudaStream_t stream) {
+  const int D = variant.head_dim;
+  const DType dtype = variant.dtype;
+  const uint64_t seed = 0x5A17u + 1000u * static_cast<uint64_t>(index);
+  Arena arena;
+
+  // ---- forward: the fields fill_shape in csrc/ffi/attention_ffi.cpp sets, the same strides.
+  FwdParams fp;
+  fp.batch = c.batch;
+  fp.seqlen_q = c.seqlen_q;
+  fp.seqlen_k = c.seqlen_k;
+  fp.heads_q = c.heads_q;
+  fp.heads_k = c.heads_k;
+  fp.head_dim = D;
+  fp.dtype = dtype;
+  flashjax::set_contiguous_strides(fp);
+  fp.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  fp.softcap = c.softcap;
+  fp.window_left = c.window_left;
+  fp.window_right = c.window_right;
+
+  const int64_t n_q = int64_t(c.batch) * c.seqlen_q * c.heads_q * D;
+  const int64_t n_k = int64_t(c.batch) * c.seqlen_k * c.heads_k * D;
+  const int64_t n_lse = int64_t(c.batch) * c.heads_q * c.seqlen_q;
+  void* q = alloc_element(arena, n_q);
+  void* k = alloc_element(arena, n_k);
+  void* v = alloc_element(arena, n_k);
+  void* o = alloc_element(arena, n_q);
+  float* lse = arena.alloc<float>(n_lse);
+  float* sinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
+  fill_element(q, n_q, dtype, seed + 1);
+  fill_element(k, n_k, dtype, seed + 2);
+  fill_element(v, n_k, dtype, seed + 3);
+  if (sinks != nullptr) fill(sinks, c.heads_q, seed + 4);
+  poison(o, 2 * n_q);
+  poison(lse, 4 * n_lse);
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.sinks = sinks;
+  fp.o = o;
+  fp.lse = lse;
+  CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
+  if (const cudaError_t err = launch(*variant.fwd, fp, stream); err != cudaSuccess) {
+    throw Failure{std::string("forward launch: ") + cudaGetErrorString(err)};
+  }
+  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    throw Failure{std::string("forward: ") + cudaGetErrorString(err)};
+  }
+
+  // ---- backward: bwd_impl's fields; the workspace sized by bwd_workspace_layout, as Python sizes it.
+  BwdParams bp;
+  static_cast<flashjax::AttnShape&>(bp) = fp;
+  const flashjax::BwdWorkspaceLayout workspace = flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D);
+  void* dout = alloc_element(arena, n_q);
+  float* dlse = c.dlse ? arena.alloc<float>(n_lse) : nullptr;
+  void* dq = alloc_element(arena, n_q);
+  void* dk = alloc_element(arena, n_k);
+  void* dv = alloc_element(arena, n_k);
+  float* dsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
+  float* dq_accum = arena.alloc<float>(workspace.dq_accum);
+  float* dpsum = arena.alloc<float>(workspace.per_row);
+  float* lse_log2 = arena.alloc<float>(workspace.per_row);
+  fill_element(dout, n_q, dtype, seed + 5);
+  if (dlse != nullptr) fill(dlse, n_lse, seed + 6);
+  poison(dq, 2 * n_q);
+  poison(dk, 2 * n_k);
+  poison(dv, 2 * n_k);
+  if (dsinks != nullptr) poison(dsinks, 4 * c.heads_q);
+  poison(dq_accum, 4 * workspace.dq_accum);
+  poison(dpsum, 4 * workspace.per_row);
+  poison(lse_log2, 4 * workspace.per_row);
+  bp.q = q;
+  bp.k = k;
+  bp.v = v;
+  bp.o = o;
+  bp.lse = lse;
+  bp.dout = dout;
+  bp.dlse = dlse;
+  bp.sinks = sinks;
+  bp.dq = dq;
+  bp.dk = dk;
+  bp.dv = dv;
+  bp.dsinks = dsinks;
+  flashjax::set_gradient_strides(bp);
+  bp.dq_accum = dq_accum;
+  bp.dpsum = dpsum;
+  bp.lse_log2 = lse_log2;
+  bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (const cudaError_t err = launch(*variant.bwd, bp, stream); err != cudaSuccess) {
+    throw Failure{std::string("backward launch: ") + cudaGetErrorString(err)};
+  }
+  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    throw Failure{std::string("backward: ") + cudaGetErrorString(err)};
+  }
+
+  // ---- checks
+  const std::vector<float> hq = elements_to_host(q, n_q, dtype), hk = elements_to_host(k, n_k, dtype),
+                           hv = elements_to_host(v, n_k, dtype), ho = elements_to_host(o, n_q, dtype),
+                           hdq = elements_to_host(dq, n_q, dtype), hdk = elements_to_host(dk, n_k, dtype),
+                           hdv = elements_to_host(dv, n_k, dtype), hlse = floats_to_host(lse, n_lse);
+  const std::vector<float> hsinks = c.sinks ? floats_to_host(sinks, c.heads_q) : std::vector<float>();
+  const std::vector<float> hdsinks = c.sinks ? floats_to_host(dsinks, c.heads_q) : std::vector<float>();
+  expect_finite(ho, "out");
+  expect_finite(hdq, "dq");
+  expect_finite(hdk, "dk");
+  expect_finite(hdv, "dv");
+  expect_finite(hdsinks, "dsinks");
+
+  // Forward against float64 on the same rounded inputs; empty rows exactly out = 0, dq = 0 and lse = -inf / sink.
+  const int group = c.heads_q / c.heads_k;
+  double err2 = 0, ref2 = 0, lse_err = 0;
+  std::vector<double> scores(static_cast<size_t>(c.seqlen_k)), acc(static_cast<size_t>(D));
+  for (int b = 0; b < c.batch; ++b) {
+    for (int h = 0; h < c.heads_q; ++h) {
+      const int hk_index = h / group;
+      for (int i = 0; i < c.seqlen_q; ++i) {
+        const int64_t row = ((int64_t(b) * c.seqlen_q + i) * c.heads_q + h) * D;
+        const float got_lse = hlse[(int64_t(b) * c.heads_q + h) * c.seqlen_q + i];
+        const KeyRange keys = visible_keys(c, i);
+        if (keys.empty()) {
+          for (int d = 0; d < D; ++d) {
+            if (ho[row + d] != 0.f || hdq[row + d] != 0.f) {
+              throw Failure{"empty row b" + std::to_string(b) + " h" + std::to_string(h) + " i" +
+                            std::to_string(i) + ": out " + std::to_string(ho[row + d]) + ", dq " +
+                            std::to_string(hdq[row + d]) + " instead of 0"};
+            }
+          }
+          // With sinks the denominator is exp(sink) alone; the kernel's log2-domain round trip may move it an ulp.
+          const float want = c.sinks ? hsinks[h] : -INFINITY;
+          if (c.sinks ? !(std::abs(got_lse - want) <= 1e-5f * std::max(1.f, std::abs(want))) : got_lse != want) {
+            throw Failure{"empty row b" + std::to_string(b) + " h" + std::to_string(h) + " i" + std::to_string(i) +
+                          ": lse " + std::to_string(got_lse) + " instead of " + std::to_string(want)};
+          }
+          continue;
+        }
+        double m = c.sinks ? hsinks[h] : -INFINITY;
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          const int64_t krow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
+          double s = 0;
+          for (int d = 0; d < D; ++d) s += double(hq[row + d]) * hk[krow + d];
+          s *= fp.softmax_scale;
+          if (c.softcap > 0.f) s = c.softcap * std::tanh(s / c.softcap);
+          scores[j] = s;
+          m = std::max(m, s);
+        }
+        double denom = c.sinks ? std::exp(hsinks[h] - m) : 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          const int64_t vrow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
+          const double p = std::exp(scores[j] - m);
+          denom += p;
+          for (int d = 0; d < D; ++d) acc[d] += p * hv[vrow + d];
+        }
+        for (int d = 0; d < D; ++d) {
+          const double want = acc[d] / denom;
+          err2 += (ho[row + d] - want) * (ho[row + d] - want);
+          ref2 += want * want;
+        }
+        const double want_lse = m + std::log(denom);
+        if (!std::isfinite(got_lse)) {
+          throw Failure{"lse of row b" + std::to_string(b) + " h" + std::to_string(h) + " i" + std::to_string(i) +
+                        " is " + std::to_string(got_lse) + ", the row sees keys " + std::to_string(keys.lo) +
+                        ".." + std::to_string(keys.hi)};
+        }
+        lse_err = std::max(lse_err, std::abs(got_lse - want_lse) / std::max(1.0, std::abs(want_lse)));
+      }
+    }
+  }
+  // Relative-norm tolerances of tests/gpu/sweep.py (bf16 1e-2, fp16 2e-3); lse is f32 throughout.
+  const double tolerance = dtype == DType::kFloat16 ? 2e-3 : 1e-2;
+  if (ref2 > 0 && std::sqrt(err2 / ref2) > tolerance) {
+    throw Failure{"out differs from the float64 reference: relative error " + std::to_string(std::sqrt(err2 / ref2))};
+  }
+  if (lse_err > 1e-3) throw Failure{"lse differs from the float64 reference by " + std::to_string(lse_err)};
+
+  // Keys that no query row sees (the band is the same for every head) get no gradient.
+  std::vector<bool> seen(static_cast<size_t>(c.seqlen_k), false);
+  for (int i = 0; i < c.seqlen_q; ++i) {
+    const KeyRange keys = visible_keys(c, i);
+    for (int64_t j = keys.lo; j <= keys.hi; ++j) seen[j] = true;
+  }
+  for (int b = 0; b < c.batch; ++b) {
+    for (int j = 0; j < c.seqlen_k; ++j) {
+      if (seen[j]) continue;
+      for (int h = 0; h < c.heads_k; ++h) {
+        const int64_t krow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + h) * D;
+        for (int d = 0; d < D; ++d) {
+          if (hdk[krow + d] != 0.f || hdv[krow + d] != 0.f) {
+            throw Failure{"key b" + std::to_string(b) + " j" + std::to_string(j) + " h" + std::to_string(h) +
+                          " is seen by no row but has dk " + std::to_string(hdk[krow + d]) + ", dv " +
+                          std::to_string(hdv[krow + d])};
+          }
+        }
+      }
+    }
+  }
+}
+
+// The (dtype, head dim) pairs with a forward and a backward kernel for this device, in an order that alternates
+// dtypes and widths so that consecutive configs differ in both.
+std::vector<Variant> available_variants(int device_sm, std::string* reason) {
+  const std::vector<std::pair<DType, int>> order = {
+      {DType::kBFloat16, 64},  {DType::kFloat16, 128}, {DType::kBFloat16, 256}, {DType::kFloat16, 96},
+      {DType::kBFloat16, 192}, {DType::kFloat16, 64},  {DType::kBFloat16, 128}, {DType::kFloat16, 256},
+      {DType::kBFloat16, 96},  {DType::kFloat16, 192}};
+  std::vector<Variant> variants;
+  for (const auto& [dtype, head_dim] : order) {
+    flashjax::ProblemKey key;
+    key.dtype = dtype;
+    key.head_dim = head_dim;
+    key.direction = flashjax::Direction::kFwd;
+    const flashjax::Choice fwd =
+        flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table());
+    key.direction = flashjax::Direction::kBwd;
+    const flashjax::Choice bwd =
+        flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table());
+    if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
+      variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel});
+    } else if (reason->empty()) {
+      *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
+    }
+  }
+  return variants;
+}
+
+int usage(const char* argv0) {
+  std::fprintf(stderr, "usage: %s [--list] [--only N]...\n", argv0);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> only;
+  for (int a = 1; a < argc; ++a) {
+    const std::string arg = argv[a];
+    if (arg == "--list") {
+      for (int i = 0; i < kNumConfigs; ++i) {
+        std::printf("[%d] %s  (%s)\n", i, describe(kConfigs[i]).c_str(), kConfigs[i].what);
+      }
+      return 0;
+    }
+    if (arg == "--only" && a + 1 < argc) {
+      char* end = nullptr;
+      const long n = std::strtol(argv[++a], &end, 10);
+      if (*end != '\0' || n < 0 || n >= kNumConfigs) return usage(argv[0]);
+      only.push_back(static_cast<int>(n));
+      continue;
+    }
+    return usage(argv[0]);
+  }
+
+  int device = 0, major = 0, minor = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    std::printf("flashjax_sanitize: no CUDA device: FAILED\n");
+    return 1;
+  }
+  const int device_sm = major * 10 + minor;
+  const char* disabled = std::getenv("FLASHJAX_DISABLE_FAMILIES");
+  std::string archs;
+  for (const std::string& arch : flashjax::compiled_archs()) archs += (archs.empty() ? "" : ",") + arch;
+  std::printf("flashjax_sanitize: %s (sm_%d), built for %s, %zu of %zu kernels enabled (FLASHJAX_DISABLE_FAMILIES=%s)\n",
+              prop.name, device_sm, archs.c_str(), flashjax::enabled_kernel_table().size(),
+              flashjax::kernel_table().size(), disabled != nullptr ? disabled : "");
+
+  std::string reason;
+  const std::vector<Variant> variants = available_variants(device_sm, &reason);
+  if (variants.empty()) {
+    std::printf("flashjax_sanitize: no kernel runs here: %s: FAILED\n", reason.c_str());
+    return 1;
+  }
+
+  cudaStream_t stream;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    std::printf("flashjax_sanitize: cudaStreamCreate failed: FAILED\n");
+    return 1;
+  }
+  int failures = 0;
+  for (int i = 0; i < kNumConfigs; ++i) {
+    if (!only.empty() && std::find(only.begin(), only.end(), i) == only.end()) continue;
+    const Variant& variant = variants[i % variants.size()];
+    std::printf("[%d] %s %s D%d fwd %s bwd %s", i, describe(kConfigs[i]).c_str(), dtype_name(variant.dtype),
+                variant.head_dim, variant.fwd->family, variant.bwd->family);
+    std::fflush(stdout);
+    try {
+      run_config(i, kConfigs[i], variant, stream);
+      std::printf(": ok\n");
+    } catch (const Failure& failure) {
+      std::printf(": FAILED %s\n", failure.why.c_str());
+      ++failures;
+      // A sticky error (an illegal address, a trap) leaves the context unusable: the later configs cannot run.
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        std::printf("flashjax_sanitize: the CUDA context is unusable after config %d; stopping\n", i);
+        return 1;
+      }
+    }
+    std::fflush(stdout);
+  }
+  cudaStreamDestroy(stream);
+  std::printf("flashjax_sanitize: %d config(s) failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}
