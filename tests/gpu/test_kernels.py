@@ -30,7 +30,7 @@ def test_sweep(index):
     rng = np.random.default_rng([SEED, index])
     cfg = sweep.random_config(rng)
     inputs = sweep.make_inputs(cfg, rng)
-    errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"))
+    errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"), inputs)
     bad = sweep.check(cfg, errors)
     assert not bad, f"{cfg} (seed {SEED}, index {index}): {bad}; all errors {errors}"
 

@@ -15,7 +15,8 @@ namespace flashjax::sm80 {
 
 // Grid: (ceil(Sk / kBlockN), heads_k, batch); Layouts::kNThreads threads; Layouts::kSmemBytes dynamic smem.
 // Needs the preprocess (workspace rows, zeroed dq_accum) to have run on the same stream.
-template <typename Layouts>
+// kSoftcap: whether params.softcap > 0 (see bwd_mainloop_sm80).
+template <typename Layouts, bool kSoftcap>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const BwdParams params) {
   using namespace cute;
   using Element = typename Layouts::Element;
@@ -31,7 +32,7 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const B
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<Layouts::kBlockN>, Int<Layouts::kHeadDim>>{});
   clear(acc_dk);
   clear(acc_dv);
-  bwd_mainloop_sm80<Layouts>(params, mask, n_block, kv_head, batch, smem, acc_dk, acc_dv);
+  bwd_mainloop_sm80<Layouts, kSoftcap>(params, mask, n_block, kv_head, batch, smem, acc_dk, acc_dv);
   bwd_epilogue_store_dkdv<Layouts>(params, n_block, kv_head, batch, smem, acc_dk, acc_dv);
 }
 

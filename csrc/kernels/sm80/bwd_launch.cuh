@@ -40,7 +40,8 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 
   // With Sq = 0 the main kernel still runs: its CTAs visit no M block and write zero dK / dV.
   if (params.seqlen_k > 0) {
-    auto kernel = bwd_kernel_sm80<Layouts>;
+    // Same condition as BwdScoreScales::has_softcap.
+    auto kernel = params.softcap > 0.f ? bwd_kernel_sm80<Layouts, true> : bwd_kernel_sm80<Layouts, false>;
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layouts::kSmemBytes);
     if (err != cudaSuccess) return err;

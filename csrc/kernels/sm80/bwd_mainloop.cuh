@@ -52,7 +52,9 @@ __device__ __forceinline__ auto gmem_tile(const void* base, int64_t batch_offset
 // Runs every step of the CTA owning keys [n_block * kBlockN, +kBlockN) of kv_head in batch; acc_dk / acc_dv are
 // TiledMmaDkv fragments of (kBlockN x D), zero on entry, holding unscaled dK and dV on return. smem is the
 // CTA's dynamic shared memory (Layouts::kSmemBytes). Returns with all of shared memory free for reuse.
-template <typename Layouts, typename AccDkv>
+// kSoftcap = false compiles the softcap-free step only (valid when params.softcap <= 0): with both variants as
+// runtime branches, the d128 step used all 255 registers and spilled.
+template <typename Layouts, bool kSoftcap, typename AccDkv>
 __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBandMask& mask, int n_block, int kv_head,
                                   int batch, typename Layouts::Element* smem, AccDkv& acc_dk, AccDkv& acc_dv) {
   using namespace cute;
@@ -106,9 +108,16 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
       params.seqlen_k - n_start);
   cp_async_fence();
 
-  // Step -> (query head, M block): heads outer, so consecutive steps of one head walk down the band.
+  // Step -> (query head, M block): heads outer, so consecutive steps of one head walk down the band. Each CTA
+  // starts at a different M block (rotated by its KV block): without a band, every CTA of a head would otherwise
+  // add into the same dQ rows at the same time, and same-address atomics serialize in L2.
+  const int m_rotation = n_block % num_m_blocks;
   auto step_head = [&](int step) { return kv_head * group + step / num_m_blocks; };
-  auto step_m_start = [&](int step) { return (m_blocks.begin + step % num_m_blocks) * kBlockM; };
+  auto step_m_start = [&](int step) {
+    int m = step % num_m_blocks + m_rotation;
+    if (m >= num_m_blocks) m -= num_m_blocks;
+    return (m_blocks.begin + m) * kBlockM;
+  };
   // Q / dO tiles of a step into a stage; the caller commits the cp.async group.
   auto load_tile_of_step = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
                                int step, Element* stage_smem) {
@@ -214,17 +223,13 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
     gemm_smem_smem(mma_sdp, acc_s, rQ, rK, thr_a_sdp.partition_S(smem_q(stage)), tSsK, copy_a_sdp, copy_b_sdp);
-    if (scales.has_softcap) apply_softcap(acc_s, scales.tanh_prescale);
+    if constexpr (kSoftcap) apply_softcap(acc_s, scales.tanh_prescale);
     if (mask.needs_mask<kBlockM, kBlockN>(m_start, n_start)) {
       auto acc_s_rc = fragment_rowcol_view(acc_s);
       mask.apply(acc_s_rc, score_coords, m_start, n_start);
     }
     Tensor rP = make_tensor<Element>(acc_s.layout());
-    if (scales.has_softcap) {
-      probs_from_scores<true>(acc_s, rP, lse_log2, scales.exp2_scale);
-    } else {
-      probs_from_scores<false>(acc_s, rP, lse_log2, scales.exp2_scale);
-    }
+    probs_from_scores<kSoftcap>(acc_s, rP, lse_log2, scales.exp2_scale);
     copy(copy_pds, thr_pds.retile_S(rP), tPsP);
 
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});

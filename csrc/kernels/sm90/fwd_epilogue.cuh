@@ -1,16 +1,20 @@
 // Epilogue of the sm90 forward kernel, per consumer warpgroup (64 rows): the normalized O goes registers ->
-// shared memory (the warpgroup's half of the Q buffer, via stmatrix) -> global by one TMA store; each row's LSE is
-// stored directly by the lane holding its first column.
+// shared memory (the warpgroup's half of the staging buffer, via stmatrix) -> global by one TMA store; each row's
+// LSE is stored directly by the lane holding its first column. The staging buffer is a buffer of its own where
+// shared memory allows (FwdKernelSm90::kOwnOBuffer), else the Q buffer.
 //
 // Ragged tiles need no separate path: the O descriptor spans (Sq, D, Hq, B), and TMA stores only the elements of a
 // box that lie inside those bounds, so rows past Sq are dropped without touching the next head's rows. (A packed
 // varlen layout, where rows past one sequence belong to the next, will need predicated stores instead.)
 //
 // Shared-memory hand-offs, in order:
-//   the warpgroup's last wgmma reading its Q half has been waited on (end of the mainloop), so generic-proxy
-//   writes may overwrite it; fence.proxy.async makes those writes visible to the TMA (async proxy) store;
-//   the issuing thread waits until the store has read shared memory, and the warpgroup syncs, before anyone
-//   writes the buffer again or tells the producer (QueryEmpty) that the next Q may land there.
+//   own buffer: the previous tile's TMA store has finished reading it (the wait at the top of store());
+//   Q buffer: the warpgroup's last wgmma reading its Q half has been waited on (end of the mainloop);
+//   then generic-proxy writes; fence.proxy.async makes them visible to the TMA (async proxy) store;
+//   Q buffer only: the issuing thread waits until the store has read shared memory, and the warpgroup syncs,
+//   before anyone tells the producer (QueryEmpty) that the next Q may land there.
+// Tiles without any visible key (store_empty) write zeros straight to global memory: they take no part in the Q
+// hand-off, so they must not touch the Q buffer, which the producer may be filling for the next tile.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -48,6 +52,8 @@ struct FwdEpilogueSm90 {
   struct Params {
     TmaO tma_o;
     typename Mainloop::ShapeSDHB shape_o;
+    typename Mainloop::StrideSDHB stride_o;  // and the raw pointer: store_empty writes without TMA
+    Element* o;
     float* lse;
     int64_t lse_batch_stride, lse_head_stride;
   };
@@ -55,25 +61,35 @@ struct FwdEpilogueSm90 {
   static Params to_params(const Arguments& args) {
     using namespace cute;
     Tensor m_o = make_tensor(make_gmem_ptr(args.o), args.shape_o, args.stride_o);
-    return {make_tma_copy(SM90_TMA_STORE{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}), args.shape_o,
-            args.lse, args.lse_batch_stride, args.lse_head_stride};
+    return {make_tma_copy(SM90_TMA_STORE{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
+            args.shape_o,
+            args.stride_o,
+            args.o,
+            args.lse,
+            args.lse_batch_stride,
+            args.lse_head_stride};
   }
 
   __device__ static void prefetch_tma_descriptors(const Params& params) {
     cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
   }
 
-  // acc_o: this thread's normalized 64 x D accumulator; lse: its rows' LSE in the accumulator's row order.
-  template <typename AccO, int kRows>
-  __device__ static void store(const Params& params, typename Mainloop::TensorStorage& tensors, const AccO& acc_o,
-                               const float (&lse)[kRows], int warpgroup, int thread_in_wg, int m_block, int head_q,
-                               int batch) {
+  // acc_o: this thread's normalized 64 x D accumulator; lse: its rows' LSE in the accumulator's row order;
+  // smem_o: the staging buffer's base (two 64-row halves of SmemLayoutO), kOwnBuffer: whether it is not the Q buffer.
+  template <bool kOwnBuffer, typename AccO, int kRows>
+  __device__ static void store(const Params& params, Element* smem_o, const AccO& acc_o, const float (&lse)[kRows],
+                               int warpgroup, int thread_in_wg, int m_block, int head_q, int batch) {
     using namespace cute;
     typename Mainloop::TiledMmaPV mma_pv;
-    Tensor s_o = make_tensor(make_smem_ptr(tensors.q.data() + warpgroup * Mainloop::kQHalfElems), SmemLayoutO{});
+    Tensor s_o = make_tensor(make_smem_ptr(smem_o + warpgroup * Mainloop::kQHalfElems), SmemLayoutO{});
 
     Tensor r_o = make_tensor<Element>(acc_o.layout());
     common::convert_fragment_into(acc_o, r_o);
+    if constexpr (kOwnBuffer) {
+      // The previous tile's store was left in flight; it must have read the buffer before it is overwritten.
+      if (thread_in_wg == 0) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(128, FwdNamedBarrier::epilogue(warpgroup));
+    }
     auto smem_copy_o = make_tiled_copy_C(SmemCopyAtomO{}, mma_pv);
     auto thr_copy_o = smem_copy_o.get_thread_slice(thread_in_wg);
     copy(smem_copy_o, thr_copy_o.retile_S(r_o), thr_copy_o.partition_D(s_o));
@@ -88,25 +104,62 @@ struct FwdEpilogueSm90 {
       copy(params.tma_o, tma_o.partition_S(s_o), tma_o.partition_D(g_o));
       tma_store_arrive();
     }
+    store_lse(params, lse, thread_in_wg, half_tile, head_q, batch);
 
-    if (params.lse != nullptr) {
-      const int seqlen_q = get<0>(params.shape_o);
-      const int row_start = half_tile * kRowsPerWarpgroup;
-      float* lse_rows = params.lse + batch * params.lse_batch_stride + head_q * params.lse_head_stride;
-      auto thr_mma = mma_pv.get_thread_slice(thread_in_wg);
-      Tensor tOcO_rc =
-          common::wgmma_acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<WgRows, HeadDim>{})));
-      if (get<1>(tOcO_rc(0, 0)) == 0) {
-        CUTE_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const int row = row_start + get<0>(tOcO_rc(r, 0));
-          if (row < seqlen_q) lse_rows[row] = lse[r];
-        }
+    if constexpr (!kOwnBuffer) {
+      if (thread_in_wg == 0) tma_store_wait<0>();
+      cutlass::arch::NamedBarrier::sync(128, FwdNamedBarrier::epilogue(warpgroup));
+    }
+  }
+
+  // A tile none of whose rows sees a key: O = 0 written with plain 16-byte stores (rows past Sq skipped), the LSE
+  // as finalize() computed it (-inf, or the sink).
+  template <int kRows>
+  __device__ static void store_empty(const Params& params, const float (&lse)[kRows], int warpgroup,
+                                     int thread_in_wg, int m_block, int head_q, int batch) {
+    using namespace cute;
+    constexpr int kVecElems = 16 / sizeof(Element);
+    constexpr int kVecsPerRow = Mainloop::kHeadDim / kVecElems;
+    static_assert(Mainloop::kHeadDim % kVecElems == 0);
+    const int half_tile = m_block * kConsumerWarpgroups + warpgroup;
+    const int row_start = half_tile * kRowsPerWarpgroup;
+    const int seqlen_q = get<0>(params.shape_o);
+    Element* o_head = params.o + batch * get<3>(params.stride_o) + head_q * get<2>(params.stride_o);
+    for (int i = thread_in_wg; i < kRowsPerWarpgroup * kVecsPerRow; i += 128) {
+      const int row = row_start + i / kVecsPerRow;
+      if (row < seqlen_q) {
+        *reinterpret_cast<uint4*>(o_head + row * get<0>(params.stride_o) + (i % kVecsPerRow) * kVecElems) =
+            make_uint4(0, 0, 0, 0);
       }
     }
+    store_lse(params, lse, thread_in_wg, half_tile, head_q, batch);
+  }
 
-    if (thread_in_wg == 0) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::sync(128, FwdNamedBarrier::epilogue(warpgroup));
+  // Call once before the CTA exits: a TMA store still reading shared memory must finish first.
+  __device__ static void drain(int thread_in_wg) {
+    if (thread_in_wg == 0) cute::tma_store_wait<0>();
+  }
+
+ private:
+  template <int kRows>
+  __device__ static void store_lse(const Params& params, const float (&lse)[kRows], int thread_in_wg,
+                                   int half_tile, int head_q, int batch) {
+    using namespace cute;
+    if (params.lse == nullptr) return;
+    typename Mainloop::TiledMmaPV mma_pv;
+    const int seqlen_q = get<0>(params.shape_o);
+    const int row_start = half_tile * kRowsPerWarpgroup;
+    float* lse_rows = params.lse + batch * params.lse_batch_stride + head_q * params.lse_head_stride;
+    auto thr_mma = mma_pv.get_thread_slice(thread_in_wg);
+    Tensor tOcO_rc =
+        common::wgmma_acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<WgRows, HeadDim>{})));
+    if (get<1>(tOcO_rc(0, 0)) == 0) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row_start + get<0>(tOcO_rc(r, 0));
+        if (row < seqlen_q) lse_rows[row] = lse[r];
+      }
+    }
   }
 };
 

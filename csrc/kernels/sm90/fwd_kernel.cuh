@@ -2,18 +2,20 @@
 // specialization. One instantiation per (Element, head dim) covers every feature: softcap, causal/local band,
 // GQA, sinks and ragged sizes are runtime decisions, per CTA tile or per KV block.
 //
-// CTA = 3 warpgroups, one CTA per SM, persistent over tiles:
-//   warpgroup 0, producer: gives registers back (setmaxnreg.dec to 24); one warp issues every TMA load, the other
-//     three exit;
-//   warpgroups 1 and 2, consumers: take the registers (setmaxnreg.inc to 240; 128 * 24 + 256 * 240 = 64512 =
-//     384 * 168, the per-thread cap __launch_bounds__(384, 1) compiles for), 64 query rows each, taking turns on
-//     the tensor cores (ping-pong named barriers) so that one warpgroup's softmax overlaps the other's GEMMs.
+// CTA = 3 or 4 warpgroups, one CTA per SM, persistent over tiles:
+//   warpgroup 0, producer: gives registers back (setmaxnreg.dec); one warp issues every TMA load, the other three
+//     exit;
+//   warpgroups 1.., consumers: take the registers (setmaxnreg.inc; see kConsumerRegisters), 64 query rows each,
+//     taking turns on the tensor cores (ping-pong named barriers) so that one warpgroup's softmax overlaps the
+//     others' GEMMs.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/pipeline.hpp>
+
+#include <type_traits>
 
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
@@ -29,29 +31,61 @@
 
 namespace flashjax::sm90 {
 
+// Shared memory of one kernel configuration: the mainloop's tensors, O's own staging buffer where there is room,
+// the barriers.
+template <typename Mainloop, bool kOwnOBuffer>
+struct FwdSharedStorageSm90 {
+  typename Mainloop::TensorStorage tensors;
+  typename Mainloop::OStagingStorage staging;
+  typename Mainloop::BarrierStorage barriers;
+};
+template <typename Mainloop>
+struct FwdSharedStorageSm90<Mainloop, false> {
+  typename Mainloop::TensorStorage tensors;
+  typename Mainloop::BarrierStorage barriers;
+};
+
 // kBlockN comes from fwd_tile_sizes (the launcher picks between its banded and unbanded answers).
-template <typename Element, int kHeadDim, int kBlockN>
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
 struct FwdKernelSm90 {
   // Two K and two V stages: the load of block j - 1 overlaps the GEMMs of block j; FA3 measured more stages as
   // no faster, and at D = 256 they would not fit.
-  using Mainloop = FwdMainloopSm90<Element, kHeadDim, kBlockN, 2>;
+  template <int kQStages>
+  using MainloopWithQStages = FwdMainloopSm90<Element, kHeadDim, kBlockN, 2, kBlockM / 64, kQStages>;
+
+  // Shared memory decides how tiles hand over, best first:
+  //   two Q buffers and O's own staging buffer: the next tile's Q loads while this tile computes;
+  //   one Q buffer and O's own staging buffer: the next Q loads once this tile's last Q K^T is done;
+  //   one Q buffer that O is staged in: the next Q loads after this tile's epilogue.
+  static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
+  static constexpr bool kTwoQBuffers = sizeof(FwdSharedStorageSm90<MainloopWithQStages<2>, true>) <= kSmemLimitBytes;
+  static constexpr bool kOwnOBuffer =
+      kTwoQBuffers || sizeof(FwdSharedStorageSm90<MainloopWithQStages<1>, true>) <= kSmemLimitBytes;
+  using Mainloop = MainloopWithQStages<kTwoQBuffers ? 2 : 1>;
   using Epilogue = FwdEpilogueSm90<Mainloop>;
   using Scheduler = FwdTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN>;
-  static_assert(fwd_tile_sizes(kHeadDim, true).block_m == Mainloop::kBlockM &&
-                    fwd_tile_sizes(kHeadDim, false).block_m == Mainloop::kBlockM,
-                "the M tile is two 64-row consumer warpgroups");
+  static_assert(kBlockM == Mainloop::kBlockM, "the M tile is whole 64-row consumer warpgroups");
+  static_assert(Mainloop::kConsumerWarpgroups == 2 || Mainloop::kConsumerWarpgroups == 3);
 
   static constexpr int kConsumerThreads = Mainloop::kConsumerWarpgroups * 128;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // setmaxnreg splits the 64K registers: 128 * 24 + 256 * 240 = 64512 with two consumer warpgroups,
+  // 128 * 32 + 384 * 160 = 65536 with three.
+  static constexpr int kProducerRegisters = Mainloop::kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = Mainloop::kConsumerWarpgroups == 2 ? 240 : 160;
 
-  struct SharedStorage {
-    typename Mainloop::TensorStorage tensors;
-    typename Mainloop::BarrierStorage barriers;
-  };
+  using SharedStorage = FwdSharedStorageSm90<Mainloop, kOwnOBuffer>;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= 227 * 1024, "over the sm90 per-block shared memory limit");
+  static_assert(kSmemBytes <= kSmemLimitBytes, "over the sm90 per-block shared memory limit");
+
+  // Where the epilogue stages O of a tile whose Q sat in q_buffer.
+  __device__ static Element* o_staging(SharedStorage& shared, int q_buffer) {
+    if constexpr (kOwnOBuffer) {
+      return shared.staging.o.data();
+    } else {
+      return shared.tensors.q.data() + q_buffer * Mainloop::kQElems;
+    }
+  }
 
   struct Params {
     typename Mainloop::Params mainloop;
@@ -85,7 +119,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool is_producer = warpgroup == 0;
 
-  if (threadIdx.x == 0) shared.barriers.q.init(/*arrive_count=*/1);  // the producer's arrive_and_expect_tx
+  if (threadIdx.x == 0) {
+    for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
+  }
   typename PipelineKV::Params pipeline_params;
   pipeline_params.transaction_bytes = Mainloop::kTmaBytesKV;
   pipeline_params.role = is_producer ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
@@ -108,12 +144,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       Epilogue::prefetch_tma_descriptors(params.epilogue);
     }
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
+    int tiles_with_work = 0;
     for (int tile_index = Scheduler::first_tile(); tile_index < params.scheduler.num_tiles;
          tile_index = Scheduler::next_tile(tile_index)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
+      const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+      if (blocks.empty()) continue;
       Mainloop::load(params.mainloop, shared.tensors, shared.barriers, pipeline_k, pipeline_v, write, leader,
-                     tile.m_block, tile.head_q, tile.head_q / params.heads_per_kv, tile.batch,
-                     band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM));
+                     typename Mainloop::QuerySlot(tiles_with_work++), tile.m_block, tile.head_q,
+                     tile.head_q / params.heads_per_kv, tile.batch, blocks);
     }
     return;
   }
@@ -123,10 +162,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int thread_in_wg = threadIdx.x % 128;
   const common::ScoreTransform transform(params.softmax_scale, params.softcap);
   PipelineState read_k, read_v;
-  uint32_t q_phase = 0;  // flips once per tile with work: the only tiles that load Q
-  // The Q buffer starts free; warpgroup 0 takes the first turn on the tensor cores.
-  cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
-                                      FwdNamedBarrier::kQueryEmpty);
+  int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
+  // One arrival per tile with work, plus one per buffer now (they start free): see Mainloop::load.
+  auto arrive_query_empty = [](int q_buffer) {
+    cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
+                                        FwdNamedBarrier::query_empty(q_buffer));
+  };
+  for (int q_buffer = 0; q_buffer < Mainloop::kQStages; ++q_buffer) arrive_query_empty(q_buffer);
+  // Warpgroup 0 takes the first turn on the tensor cores.
   if (consumer_wg == 0) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
 
   for (int tile_index = Scheduler::first_tile(); tile_index < params.scheduler.num_tiles;
@@ -139,11 +182,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     typename Mainloop::TiledMmaPV mma_pv;
     Tensor acc_o = partition_fragment_C(mma_pv, Shape<typename Mainloop::WgRows, typename Mainloop::HeadDim>{});
     FwdOnlineSoftmaxSm90<2> softmax(transform.exp2_scale);
-    if (!blocks.empty()) {
-      Mainloop::mma(shared.tensors, shared.barriers, pipeline_k, pipeline_v, read_k, read_v, q_phase, consumer_wg,
+    const bool has_work = !blocks.empty();
+    const typename Mainloop::QuerySlot q_slot(tiles_with_work);
+    if (has_work) {
+      ++tiles_with_work;
+      Mainloop::mma(shared.tensors, shared.barriers, pipeline_k, pipeline_v, read_k, read_v, q_slot, consumer_wg,
                     thread_in_wg, blocks, band.tile_mask(m_start + consumer_wg * Mainloop::kRowsPerWarpgroup),
                     transform, acc_o, softmax);
-      q_phase ^= 1;
+      // mma() has waited on every wgmma that reads Q: with O staged elsewhere, a later Q may land now.
+      if constexpr (Kernel::kOwnOBuffer) arrive_query_empty(q_slot.buffer);
     } else {
       clear(acc_o);  // every row of the tile is empty: out = 0, lse = -inf (or the sink)
     }
@@ -152,11 +199,17 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     float lse[2];
     Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
     softmax.finalize(acc_o_rc, sink_log2, lse);
-    Epilogue::store(params.epilogue, shared.tensors, acc_o, lse, consumer_wg, thread_in_wg, tile.m_block,
-                    tile.head_q, tile.batch);
-    cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
-                                        FwdNamedBarrier::kQueryEmpty);
+    if (has_work) {
+      Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, q_slot.buffer),
+                                                    acc_o, lse, consumer_wg, thread_in_wg, tile.m_block,
+                                                    tile.head_q, tile.batch);
+      // O was staged in the Q buffer: free only now that the TMA store has read it.
+      if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(q_slot.buffer);
+    } else {
+      Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
+    }
   }
+  Epilogue::drain(thread_in_wg);
 #endif
 }
 

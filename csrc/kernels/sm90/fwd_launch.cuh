@@ -32,9 +32,9 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
 }
 
 // One tile configuration: TMA descriptors, persistent grid, launch.
-template <typename Element, int kHeadDim, int kBlockN>
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Kernel = FwdKernelSm90<Element, kHeadDim, kBlockN>;
+  using Kernel = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN>;
   using Mainloop = typename Kernel::Mainloop;
   using Epilogue = typename Kernel::Epilogue;
   using Scheduler = typename Kernel::Scheduler;
@@ -102,16 +102,17 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
-  constexpr int kBlockNBanded = fwd_tile_sizes(kHeadDim, /*banded=*/true).block_n;
-  constexpr int kBlockNUnbanded = fwd_tile_sizes(kHeadDim, /*banded=*/false).block_n;
-  if constexpr (kBlockNBanded == kBlockNUnbanded) {
-    return detail::launch_fwd<Element, kHeadDim, kBlockNBanded>(params, stream);
+  constexpr FwdTileSizes kBanded = fwd_tile_sizes(kHeadDim, /*banded=*/true);
+  constexpr FwdTileSizes kUnbanded = fwd_tile_sizes(kHeadDim, /*banded=*/false);
+  if constexpr (kBanded.block_m == kUnbanded.block_m && kBanded.block_n == kUnbanded.block_n) {
+    return detail::launch_fwd<Element, kHeadDim, kBanded.block_m, kBanded.block_n>(params, stream);
   } else {
     // The normalized band (a side that excludes nothing is dropped), so e.g. a window wider than the sequence
     // takes the unbanded tile.
     const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-    return band.left >= 0 || band.right >= 0 ? detail::launch_fwd<Element, kHeadDim, kBlockNBanded>(params, stream)
-                                             : detail::launch_fwd<Element, kHeadDim, kBlockNUnbanded>(params, stream);
+    return band.left >= 0 || band.right >= 0
+               ? detail::launch_fwd<Element, kHeadDim, kBanded.block_m, kBanded.block_n>(params, stream)
+               : detail::launch_fwd<Element, kHeadDim, kUnbanded.block_m, kUnbanded.block_n>(params, stream);
   }
 }
 

@@ -1,8 +1,9 @@
 // Mainloop of the sm90 forward kernel: the producer warp's TMA loads and the consumer warpgroups' wgmma GEMMs with
 // the online softmax between them.
 //
-// Data flow per tile (kBlockM = 128 query rows; consumer warpgroup w owns rows 64w .. 64w + 63):
-//   Q:   one TMA per 64-row half into the Q buffer, completing on barrier_q (one phase per tile with work);
+// Data flow per tile (consumer warpgroup w owns query rows 64w .. 64w + 63):
+//   Q:   one TMA per 64-row part into one of kQStages Q buffers, completing on that buffer's mbarrier (one phase
+//        per use); with two buffers the next tile's Q loads while this tile still computes;
 //   K/V: kStages-deep ring buffers, each stage a TMA completing on the full mbarrier of a cutlass::PipelineTmaAsync
 //        and released by every consumer thread once the wgmma reading it has been waited on.
 // KV blocks are visited in common::KvBlockRange::block_at order, the blocks that need the per-element mask first.
@@ -23,14 +24,16 @@
 
 namespace flashjax::sm90 {
 
-template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_>
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumerWarpgroups_, int kQStages_>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr int kRowsPerWarpgroup = 64;  // the M of one wgmma
-  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
+  static constexpr int kQStages = kQStages_;
+  static_assert(kQStages == 1 || kQStages == 2);
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of O += P V: a multiple of 16");
 
@@ -60,13 +63,18 @@ struct FwdMainloopSm90 {
   using SmemLayoutVt = decltype(cute::tile_to_shape(SmemLayoutAtomVt{}, cute::Shape<HeadDim, BlockN, Stages>{},
                                                     cute::Step<cute::_2, cute::_1, cute::_3>{}));
 
-  static constexpr int kQHalfElems = cute::cosize_v<SmemLayoutQHalf>;
+  static constexpr int kQHalfElems = cute::cosize_v<SmemLayoutQHalf>;  // one warpgroup's 64 rows
+  static constexpr int kQElems = kConsumerWarpgroups * kQHalfElems;      // one Q buffer
 
-  // The Q buffer doubles as the epilogue's O staging buffer (same shape and swizzle): see fwd_epilogue.cuh.
+  // A Q buffer can double as the epilogue's O staging buffer (same shape and swizzle): see fwd_epilogue.cuh.
   struct TensorStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
-    cute::array_aligned<Element, kConsumerWarpgroups * kQHalfElems, 1024> q;
+    cute::array_aligned<Element, kQStages * kQElems, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+  };
+  // O's own staging buffer, where the kernel has room for one.
+  struct OStagingStorage {
+    cute::array_aligned<Element, kQElems, 1024> o;
   };
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
@@ -74,7 +82,7 @@ struct FwdMainloopSm90 {
   struct BarrierStorage {
     typename PipelineKV::SharedStorage k;
     typename PipelineKV::SharedStorage v;
-    cutlass::arch::ClusterTransactionBarrier q;
+    cutlass::arch::ClusterTransactionBarrier q[kQStages];
   };
 
   // Global tensors as TMA sees them: (seqlen, D, heads, batch) for Q and K, (D, seqlen, heads, batch) for V^T.
@@ -133,20 +141,29 @@ struct FwdMainloopSm90 {
     cute::prefetch_tma_descriptor(params.tma_vt.get_tma_descriptor());
   }
 
-  // Producer side of one tile, run by the whole producer warp; `leader` (one lane) issues every TMA and pipeline
+  // Q buffer and mbarrier phase of the n-th tile with work (producer and consumers count the same tiles).
+  struct QuerySlot {
+    int buffer;
+    uint32_t phase;
+    __device__ explicit QuerySlot(int n) : buffer(n % kQStages), phase((n / kQStages) & 1) {}
+  };
+
+  // Producer side of one tile with work (blocks not empty), run by the whole producer warp; `leader` (one lane) issues every TMA and pipeline
   // operation. Load order, with b(t) = blocks.block_at(t): K of b(0), then Q (once the consumers have freed the Q
   // buffer: QueryEmpty), then K of b(t) and V of b(t - 1) alternately, ending with V of the last block: exactly the
   // order the consumers wait in, which with per-stage empty barriers cannot deadlock. Tiles with no KV block load
-  // nothing but still take part in QueryEmpty, which keeps its arrivals and waits paired one-to-one.
+  // nothing and take no part in the Q hand-off (their epilogue does not use shared memory: fwd_epilogue.cuh).
+  //
+  // QueryEmpty pairing, per Q buffer b: the consumers arrive once at kernel start and once after each tile with
+  // work that used b; the producer syncs once before each Q it loads into b. The consumers' arrival after tile n
+  // comes after they waited for Q_n, which the producer loaded after its sync for tile n, so they can never be two
+  // arrivals ahead on one barrier (a named barrier cannot tell two phases' arrivals apart).
   __device__ static void load(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
                               PipelineKV& pipeline_k, PipelineKV& pipeline_v, PipelineState& write, bool leader,
-                              int m_block, int head_q, int head_k, int batch, const common::KvBlockRange& blocks) {
+                              const QuerySlot& q_slot, int m_block, int head_q, int head_k, int batch,
+                              const common::KvBlockRange& blocks) {
     using namespace cute;
     constexpr int kProducerAndConsumerThreads = cutlass::NumThreadsPerWarp + kConsumerWarpgroups * 128;
-    if (blocks.empty()) {
-      cutlass::arch::NamedBarrier::sync(kProducerAndConsumerThreads, FwdNamedBarrier::kQueryEmpty);
-      return;
-    }
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
 
@@ -186,15 +203,17 @@ struct FwdMainloopSm90 {
 
     load_k(blocks.block_at(0), write);
     __syncwarp();
-    cutlass::arch::NamedBarrier::sync(kProducerAndConsumerThreads, FwdNamedBarrier::kQueryEmpty);
+    cutlass::arch::NamedBarrier::sync(kProducerAndConsumerThreads, FwdNamedBarrier::query_empty(q_slot.buffer));
     if (leader) {
-      barriers.q.arrive_and_expect_tx(kTmaBytesQ);
+      auto& barrier_q = barriers.q[q_slot.buffer];
+      barrier_q.arrive_and_expect_tx(kTmaBytesQ);
       CUTE_UNROLL
       for (int half = 0; half < kConsumerWarpgroups; ++half) {
         // A half past Sq (Sq - m_start <= 64) is a box entirely out of bounds: TMA fills it with zeros and still
         // counts its bytes, so the expected transaction size is the same for every tile.
-        Tensor s_q_half = make_tensor(make_smem_ptr(tensors.q.data() + half * kQHalfElems), SmemLayoutQHalf{});
-        copy(params.tma_q.with(reinterpret_cast<uint64_t&>(barriers.q), 0, TMA::CacheHintSm90::EVICT_FIRST),
+        Tensor s_q_half = make_tensor(
+            make_smem_ptr(tensors.q.data() + q_slot.buffer * kQElems + half * kQHalfElems), SmemLayoutQHalf{});
+        copy(params.tma_q.with(reinterpret_cast<uint64_t&>(barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST),
              tQgQ(_, m_block * kConsumerWarpgroups + half), group_modes<0, 3>(tma_q.partition_D(s_q_half)));
       }
     }
@@ -221,11 +240,13 @@ struct FwdMainloopSm90 {
   template <typename AccO, typename Softmax>
   __device__ static void mma(TensorStorage& tensors, BarrierStorage& barriers, PipelineKV& pipeline_k,
                              PipelineKV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
-                             uint32_t q_phase, int warpgroup, int thread_in_wg, const common::KvBlockRange& blocks,
+                             const QuerySlot& q_slot, int warpgroup, int thread_in_wg,
+                             const common::KvBlockRange& blocks,
                              const common::TileMask& tile_mask, const common::ScoreTransform& transform, AccO& acc_o,
                              Softmax& softmax) {
     using namespace cute;
-    Tensor s_q = make_tensor(make_smem_ptr(tensors.q.data() + warpgroup * kQHalfElems), SmemLayoutQHalf{});
+    Tensor s_q = make_tensor(make_smem_ptr(tensors.q.data() + q_slot.buffer * kQElems + warpgroup * kQHalfElems),
+                             SmemLayoutQHalf{});
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
 
@@ -258,7 +279,7 @@ struct FwdMainloopSm90 {
     };
 
     clear(acc_o);
-    barriers.q.wait(q_phase);
+    barriers.q[q_slot.buffer].wait(q_slot.phase);
 
     // First block: nothing to overlap with, and O is still zero (no rescale).
     pipeline_k.consumer_wait(read_k);
@@ -274,7 +295,7 @@ struct FwdMainloopSm90 {
       common::wgmma_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
       pipeline_v.consumer_wait(read_v);
       common::wgmma_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
-      cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(1 - warpgroup));
+      cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
 
       warpgroup_wait<1>();  // S_t is complete; the PV GEMM may still run
       warpgroup_fence_operand(tSrS);
