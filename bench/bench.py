@@ -146,30 +146,31 @@ def make_inputs(row, n_sets, seed):
     return sets
 
 
-def median_seconds(fn, arg_sets, min_reps, trials, min_trial_s=0.02):
-    """Median over `trials` of the mean time per call, calls rotating through `arg_sets`.
-
-    Dispatch is asynchronous and calls run in order on one stream, so blocking on the last output times
-    them all. Reps grow until a trial lasts `min_trial_s`, so short kernels are not timed at timer noise.
-    """
+def calibrate_reps(fn, arg_sets, min_reps, min_trial_s=0.02):
+    """Calls per trial: enough that a trial lasts `min_trial_s`, so short kernels are not timed at timer noise."""
     start = time.perf_counter()
     for args in arg_sets:
         out = fn(*args)
     jax.block_until_ready(out)
     per_call = (time.perf_counter() - start) / len(arg_sets)
-    reps = max(min_reps, min(1000, math.ceil(min_trial_s / max(per_call, 1e-6))))
-    samples = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        for r in range(reps):
-            out = fn(*arg_sets[r % len(arg_sets)])
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / reps)
-    return statistics.median(samples)
+    return max(min_reps, min(1000, math.ceil(min_trial_s / max(per_call, 1e-6))))
 
 
-def run_direction(fn, direction, sets, args):
-    """Compile, time one direction and return (seconds, outputs on the first input set).
+def trial_seconds(fn, arg_sets, reps):
+    """Mean time per call over `reps` calls rotating through `arg_sets`.
+
+    Dispatch is asynchronous and calls run in order on one stream, so blocking on the last output times
+    them all.
+    """
+    start = time.perf_counter()
+    for r in range(reps):
+        out = fn(*arg_sets[r % len(arg_sets)])
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / reps
+
+
+def prepare_direction(fn, direction, sets):
+    """Compile one direction: (timed function, its argument sets, outputs on the first set).
 
     bwd times only the pullback: a separately jitted jax.vjp returns the pullback (a pytree whose leaves
     are the residual arrays), and the timed function applies it to d_out. So bwd excludes the forward and
@@ -179,13 +180,11 @@ def run_direction(fn, direction, sets, args):
     if direction == "fwd":
         fwd = jax.jit(fn)
         calls = [s[:3] for s in sets]
-        first = jax.block_until_ready(fwd(*calls[0]))
-        return median_seconds(fwd, calls, args.reps, args.trials), (first,)
+        return fwd, calls, (jax.block_until_ready(fwd(*calls[0])),)
     make_pullback = jax.jit(lambda q, k, v: jax.vjp(fn, q, k, v)[1])
     apply_pullback = jax.jit(lambda pullback, d_out: pullback(d_out))
     calls = [(make_pullback(*s[:3]), s[3]) for s in sets]
-    first = jax.block_until_ready(apply_pullback(*calls[0]))
-    return median_seconds(apply_pullback, calls, args.reps, args.trials), tuple(first)
+    return apply_pullback, calls, tuple(jax.block_until_ready(apply_pullback(*calls[0])))
 
 
 def failure_reason(err):
@@ -206,25 +205,37 @@ def relative_error(got, want):
 
 
 def bench_row(row, args):
-    """{direction: {impl: {ms, tflops[, rel_err, ref, wrong]} | {na: reason}}} for one row."""
+    """{direction: {impl: {ms, tflops[, rel_err, ref, wrong]} | {na: reason}}} for one row.
+
+    Per direction, every implementation is compiled and calibrated first, then the timed trials interleave
+    (cudnn, flashjax, cudnn, flashjax, ...): GPU clocks drift by several percent within a run, and interleaving
+    puts the same drift into every implementation's median instead of into the ratio between them.
+    """
     sets = make_inputs(row, args.input_sets, args.seed)
     results = {d: {} for d in args.dirs}
     outputs = {d: {} for d in args.dirs}
+    fns = {}
     for impl in args.impls:
         try:
-            fn = attention_fn(impl, row, args.flashjax_backend)
+            fns[impl] = attention_fn(impl, row, args.flashjax_backend)
         except Exception as err:  # ImportError, Unsupported, or anything a missing piece raises
             for d in args.dirs:
                 results[d][impl] = {"na": failure_reason(err)}
-            continue
-        for d in args.dirs:
+    for d in args.dirs:
+        timed = {}
+        for impl, fn in fns.items():
             try:
-                seconds, outputs[d][impl] = run_direction(fn, d, sets, args)
+                timed_fn, calls, outputs[d][impl] = prepare_direction(fn, d, sets)
+                timed[impl] = (timed_fn, calls, calibrate_reps(timed_fn, calls, args.reps))
             except Exception as err:  # trace/compile/runtime failure, OOM: record and go on
                 results[d][impl] = {"na": failure_reason(err)}
-                continue
+        samples = {impl: [] for impl in timed}
+        for _ in range(args.trials):
+            for impl, (timed_fn, calls, reps) in timed.items():
+                samples[impl].append(trial_seconds(timed_fn, calls, reps))
+        for impl, times in samples.items():
+            seconds = statistics.median(times)
             results[d][impl] = {"ms": seconds * 1e3, "tflops": row.flops(d) / seconds / 1e12}
-    for d in args.dirs:
         ref = next((i for i in REFERENCE_IMPLS if i in outputs[d]), None)
         for impl, out in outputs[d].items():
             if ref is not None and impl != ref:
@@ -294,7 +305,7 @@ def parse_args(argv):
     p.add_argument("--dirs", type=csv, default=["fwd", "bwd"], help="fwd,bwd")
     p.add_argument("--impls", type=csv, default=list(IMPLS), help=",".join(IMPLS))
     p.add_argument("--reps", type=int, default=10, help="minimum calls per trial (raised for short calls)")
-    p.add_argument("--trials", type=int, default=5, help="timed trials; the median is reported")
+    p.add_argument("--trials", type=int, default=7, help="timed trials; the median is reported")
     p.add_argument("--input-sets", type=int, default=3, help="input sets rotated between calls (L2 flushing)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the full report here")
