@@ -38,6 +38,19 @@ int device_sm(int32_t ordinal) {
   return sm;
 }
 
+// The most dynamic shared memory a block may opt into on the device, read once per ordinal; 0 when unknown, which
+// makes dispatch use its table for the device's compute capability (the figure Python's trace-time choice used).
+int device_smem_per_block_optin(int32_t ordinal) {
+  static std::array<std::atomic<int>, 64> cache{};
+  if (ordinal < 0 || ordinal >= static_cast<int32_t>(cache.size())) return 0;
+  int bytes = cache[ordinal].load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal) != cudaSuccess) return 0;
+    cache[ordinal].store(bytes, std::memory_order_relaxed);
+  }
+  return bytes;
+}
+
 ffi::Error invalid(const std::string& what) { return ffi::Error::InvalidArgument("flashjax: " + what); }
 
 std::string dims_str(ffi::Span<const int64_t> dims) {
@@ -89,7 +102,8 @@ ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cu
   key.direction = direction;
   key.dtype = params.dtype;
   key.head_dim = params.head_dim;
-  const Choice choice = choose_kernel(device_sm(ordinal), compiled_archs(), key, enabled_kernel_table());
+  const Choice choice = choose_kernel(device_sm(ordinal), compiled_archs(), key, enabled_kernel_table(),
+                                      device_smem_per_block_optin(ordinal));
   if (choice.kernel == nullptr) return invalid(choice.reason);
   using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
   const cudaError_t err = reinterpret_cast<LaunchFn>(choice.kernel->launch)(params, stream);

@@ -22,7 +22,8 @@ std::string build_info_json() {
   for (const flashjax::KernelEntry& e : flashjax::kernel_table()) {
     kernels += std::string(kernels.empty() ? "" : ", ") + "{\"family\": \"" + e.family + "\", \"direction\": \"" +
                (e.direction == flashjax::Direction::kFwd ? "fwd" : "bwd") + "\", \"dtype\": \"" +
-               dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) + "}";
+               dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) +
+               ", \"smem_bytes\": " + std::to_string(e.smem_bytes) + "}";
   }
   return std::string("{\"version\": \"") + FLASHJAX_VERSION + "\", \"kernel_set\": \"" + FLASHJAX_KERNEL_SET +
          "\", \"cuda_archs\": [" + archs + "], \"cuda_version\": " + std::to_string(CUDART_VERSION) +
@@ -56,6 +57,12 @@ FLASHJAX_EXPORT int flashjax_choose_kernel(int device_sm, int direction, int dty
     reason[n] = '\0';
   }
   return choice.kernel == nullptr ? -1 : static_cast<int>(choice.kernel - table.data());
+}
+
+// The dynamic shared memory per block (bytes) dispatch allows a kernel on a device of compute capability
+// `device_sm` when it answers flashjax_choose_kernel: its table of known archs (see dispatch.h).
+FLASHJAX_EXPORT int flashjax_max_smem_per_block_optin(int device_sm) {
+  return flashjax::max_smem_per_block_optin(device_sm);
 }
 
 // The compiled head width a call of head dim `head_dim` is zero-padded to; 0 when none holds it.

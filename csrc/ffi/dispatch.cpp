@@ -15,6 +15,14 @@ int family_min_sm(std::string_view family) {
 const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 const char* direction_name(Direction d) { return d == Direction::kFwd ? "forward" : "backward"; }
 
+// Bytes as KB (1024 bytes), with one decimal where it is not whole: "160 KB", "99 KB", "47.5 KB".
+std::string kb(int64_t bytes) {
+  const int64_t tenths = (bytes * 10 + 512) / 1024;
+  std::string text = std::to_string(tenths / 10);
+  if (tenths % 10 != 0) text += "." + std::to_string(tenths % 10);
+  return text + " KB";
+}
+
 }  // namespace
 
 bool arch_runs_on(std::string_view compiled_arch, int device_sm) {
@@ -44,6 +52,33 @@ int32_t padded_head_dim(int32_t head_dim) {
   return 0;
 }
 
+int32_t max_smem_per_block_optin(int device_sm) {
+  constexpr int32_t kKB = 1024;
+  switch (device_sm) {
+    case 70:
+    case 72:
+      return 96 * kKB;
+    case 75:
+      return 64 * kKB;
+    case 80:
+    case 87:
+      return 163 * kKB;
+    case 86:
+    case 89:
+    case 120:
+    case 121:
+      return 99 * kKB;
+    case 90:
+    case 100:
+    case 101:
+    case 103:
+    case 110:
+      return 227 * kKB;
+    default:
+      return device_sm >= 80 ? 99 * kKB : 48 * kKB;
+  }
+}
+
 std::vector<std::string> split_archs(std::string_view archs) {
   std::vector<std::string> out;
   while (!archs.empty()) {
@@ -57,7 +92,7 @@ std::vector<std::string> split_archs(std::string_view archs) {
 }
 
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
-                     const std::vector<KernelEntry>& table) {
+                     const std::vector<KernelEntry>& table, int32_t smem_per_block_optin) {
   Choice choice;
   if (problem.varlen) {
     choice.reason = "no kernel implements varlen (packed) attention yet";
@@ -76,8 +111,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     (archs.empty() ? std::string("no architecture") : archs) + ")";
     return choice;
   }
-  // Among the entries that fit, prefer the family written for the newest arch the device has (the table is
-  // small; a linear scan keeps the rule obvious).
+  if (smem_per_block_optin <= 0) smem_per_block_optin = max_smem_per_block_optin(device_sm);
+  // Among the entries that match and whose shared memory the device holds, prefer the family written for the
+  // newest arch the device has (the table is small; a linear scan keeps the rule obvious).
+  const KernelEntry* too_big = nullptr;  // the newest matching family refused for its shared memory
   for (const KernelEntry& entry : table) {
     const int family_sm = family_min_sm(entry.family);
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
@@ -85,14 +122,25 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
         entry.head_dim != problem.head_dim || !family_runs) {
       continue;
     }
-    if (choice.kernel == nullptr || family_min_sm(entry.family) > family_min_sm(choice.kernel->family)) {
-      choice.kernel = &entry;
-    }
+    const KernelEntry*& slot = entry.smem_bytes > smem_per_block_optin ? too_big : choice.kernel;
+    if (slot == nullptr || family_sm > family_min_sm(slot->family)) slot = &entry;
+  }
+  if (choice.kernel == nullptr && too_big != nullptr) {
+    choice.reason = std::string("the ") + too_big->family + " " + direction_name(problem.direction) +
+                    " kernel for " + dtype_name(problem.dtype) + " head dim " + std::to_string(problem.head_dim) +
+                    " needs " + kb(too_big->smem_bytes) + " of shared memory per block; sm_" +
+                    std::to_string(device_sm) + " allows " + kb(smem_per_block_optin);
+    return choice;
   }
   if (choice.kernel != nullptr) {
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     " (the newest family this sm_" + std::to_string(device_sm) + " device runs)";
+    if (too_big != nullptr && family_min_sm(too_big->family) > family_min_sm(choice.kernel->family)) {
+      choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +
+                       " of shared memory per block, more than sm_" + std::to_string(device_sm) + " allows (" +
+                       kb(smem_per_block_optin) + ")";
+    }
   } else {
     choice.reason = std::string("no ") + direction_name(problem.direction) + " kernel for " +
                     dtype_name(problem.dtype) + " head dim " + std::to_string(problem.head_dim) + " on sm_" +

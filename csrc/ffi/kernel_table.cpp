@@ -19,9 +19,10 @@ using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
 }  // namespace
 
 const std::vector<KernelEntry>& kernel_table() {
-  // Each row names an explicit instantiation compiled from csrc/kernels/generated/.
-#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific)               \
-  KernelEntry{#family, direction, dtype, hdim, arch_specific,                                             \
+  // Each row names an explicit instantiation compiled from csrc/kernels/generated/, with the dynamic shared memory
+  // per block it launches with (that instantiation's file static_asserts the figure against the kernel's own).
+#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific, smem_bytes)   \
+  KernelEntry{#family, direction, dtype, hdim, arch_specific, smem_bytes,                                 \
               reinterpret_cast<const void*>(static_cast<LaunchFn<params>>(&family::run<element, hdim>))},
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI

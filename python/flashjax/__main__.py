@@ -28,13 +28,19 @@ def main() -> None:
         print(f"  version {info['version']}, CUDA {info['cuda_version']}, archs {', '.join(info['cuda_archs'])}, "
               f"kernel set '{info['kernel_set']}' ({len(info['kernels'])} kernels)")
         for k in info["kernels"]:
-            print(f"  {k['family']} {k['direction']} {k['dtype']} head dim {k['head_dim']}")
+            print(f"  {k['family']} {k['direction']} {k['dtype']} head dim {k['head_dim']}, "
+                  f"{k['smem_bytes'] / 1024:g} KB shared memory per block")
     else:
         print(f"library: not found ({_ffi.LIBRARY_NAME}); only backend='reference' runs")
     print(f"jax {jax.__version__}; devices:")
     for d in jax.devices():
         cc = getattr(d, "compute_capability", None)
-        print(f"  {d.platform}:{d.id} {d.device_kind}" + (f" (compute capability {cc})" if cc else ""))
+        limit = ""
+        if cc and _ffi.available():
+            major, minor = str(cc).split(".")
+            smem = _ffi.max_smem_per_block_optin(int(major) * 10 + int(minor))
+            limit = f", {smem / 1024:g} KB shared memory per block"
+        print(f"  {d.platform}:{d.id} {d.device_kind}" + (f" (compute capability {cc}{limit})" if cc else ""))
     print("typical calls:")
     for name, call in _typical_calls():
         print(f"  {name}: {api.explain(**call)}")

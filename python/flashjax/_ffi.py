@@ -84,6 +84,13 @@ def padded_head_dim(head_dim: int) -> int:
     return library().flashjax_padded_head_dim(head_dim)
 
 
+def max_smem_per_block_optin(device_sm: int) -> int:
+    """Bytes of shared memory per block that dispatch allows a kernel on a GPU of this compute capability."""
+    fn = library().flashjax_max_smem_per_block_optin
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+    return fn(device_sm)
+
+
 @functools.cache
 def register_targets() -> None:
     """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""

@@ -6,8 +6,8 @@
 namespace flashjax {
 namespace {
 
-KernelEntry entry(const char* family, Direction d, DType t, int hdim) {
-  return {family, d, t, hdim, /*arch_specific=*/std::string_view(family) == "sm90", nullptr};
+KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
+  return {family, d, t, hdim, /*arch_specific=*/std::string_view(family) == "sm90", smem_bytes, nullptr};
 }
 
 TEST(ArchRunsOn, SassRunsOnLaterMinorsOfTheSameMajor) {
@@ -53,6 +53,24 @@ TEST(PaddedHeadDim, RoundsUpToTheNextCompiledWidth) {
   EXPECT_EQ(padded_head_dim(136), 192);
   EXPECT_EQ(padded_head_dim(256), 256);
   EXPECT_EQ(padded_head_dim(264), 0);
+}
+
+TEST(MaxSmemPerBlockOptin, KnownArchs) {
+  EXPECT_EQ(max_smem_per_block_optin(80), 166912);  // 163 KB
+  EXPECT_EQ(max_smem_per_block_optin(86), 101376);  // 99 KB
+  EXPECT_EQ(max_smem_per_block_optin(87), 166912);
+  EXPECT_EQ(max_smem_per_block_optin(89), 101376);
+  EXPECT_EQ(max_smem_per_block_optin(90), 232448);  // 227 KB
+  EXPECT_EQ(max_smem_per_block_optin(100), 232448);
+  EXPECT_EQ(max_smem_per_block_optin(120), 101376);
+  EXPECT_EQ(max_smem_per_block_optin(75), 65536);
+}
+
+TEST(MaxSmemPerBlockOptin, UnknownArchsGetTheSmallestFigureOfTheirEra) {
+  EXPECT_EQ(max_smem_per_block_optin(88), 101376);
+  EXPECT_EQ(max_smem_per_block_optin(130), 101376);
+  EXPECT_EQ(max_smem_per_block_optin(60), 49152);
+  EXPECT_EQ(max_smem_per_block_optin(0), 49152);
 }
 
 class ChooseKernel : public ::testing::Test {
@@ -116,6 +134,76 @@ TEST_F(ChooseKernel, RefusesFeaturesWithoutKernels) {
   const Choice c = choose_kernel(90, archs, mask, table);
   EXPECT_EQ(c.kernel, nullptr);
   EXPECT_NE(c.reason.find("mask_mod"), std::string::npos);
+}
+
+// The sm80 family's real figures (tools/gen_kernels.py --smem): the backward needs 96 KB at head dim 64 and
+// 160 KB at 128; the sm90 forward 209 KB at 128.
+class ChooseKernelSharedMemory : public ChooseKernel {
+ protected:
+  std::vector<KernelEntry> table = {
+      entry("sm80", Direction::kFwd, DType::kBFloat16, 128, 65536),
+      entry("sm80", Direction::kBwd, DType::kBFloat16, 64, 98304),
+      entry("sm80", Direction::kBwd, DType::kBFloat16, 128, 163840),
+      entry("sm90", Direction::kFwd, DType::kBFloat16, 128, 214016),
+      entry("sm80", Direction::kFwd, DType::kFloat16, 64, 48640),
+  };
+};
+
+TEST_F(ChooseKernelSharedMemory, RefusesKernelsOverTheDeviceLimitWithTheReason) {
+  for (int sm : {86, 89}) {
+    const Choice c = choose_kernel(sm, archs, key(Direction::kBwd, DType::kBFloat16, 128), table);
+    EXPECT_EQ(c.kernel, nullptr) << sm;
+    EXPECT_EQ(c.reason, "the sm80 backward kernel for bf16 head dim 128 needs 160 KB of shared memory per block; sm_" +
+                            std::to_string(sm) + " allows 99 KB");
+  }
+  std::vector<std::string> with_rtx = {"80-real", "90a-real", "120-real"};
+  const Choice rtx = choose_kernel(120, with_rtx, key(Direction::kBwd, DType::kBFloat16, 128), table);
+  EXPECT_EQ(rtx.kernel, nullptr);
+  EXPECT_NE(rtx.reason.find("sm_120 allows 99 KB"), std::string::npos) << rtx.reason;
+}
+
+TEST_F(ChooseKernelSharedMemory, TakesKernelsThatFit) {
+  const Choice bwd64 = choose_kernel(86, archs, key(Direction::kBwd, DType::kBFloat16, 64), table);  // 96 <= 99 KB
+  ASSERT_NE(bwd64.kernel, nullptr);
+  EXPECT_EQ(bwd64.kernel->smem_bytes, 98304);
+  const Choice fwd128 = choose_kernel(86, archs, key(Direction::kFwd, DType::kBFloat16, 128), table);
+  ASSERT_NE(fwd128.kernel, nullptr);
+  EXPECT_STREQ(fwd128.kernel->family, "sm80");
+  for (int sm : {80, 87, 90}) {
+    const Choice c = choose_kernel(sm, archs, key(Direction::kBwd, DType::kBFloat16, 128), table);
+    ASSERT_NE(c.kernel, nullptr) << sm << ": " << c.reason;
+    EXPECT_EQ(c.kernel->smem_bytes, 163840);
+  }
+  const Choice hopper = choose_kernel(90, archs, key(Direction::kFwd, DType::kBFloat16, 128), table);
+  ASSERT_NE(hopper.kernel, nullptr);
+  EXPECT_STREQ(hopper.kernel->family, "sm90");
+  EXPECT_EQ(hopper.reason.find("shared memory"), std::string::npos) << hopper.reason;
+}
+
+TEST_F(ChooseKernelSharedMemory, TheCallersLimitOverridesTheTable) {
+  // The FFI handlers pass the device's cudaDevAttrMaxSharedMemoryPerBlockOptin; 0 means the table's figure.
+  const ProblemKey bwd128 = key(Direction::kBwd, DType::kBFloat16, 128);
+  EXPECT_NE(choose_kernel(80, archs, bwd128, table, 0).kernel, nullptr);
+  EXPECT_EQ(choose_kernel(80, archs, bwd128, table, 101376).kernel, nullptr);
+  EXPECT_NE(choose_kernel(86, archs, bwd128, table, 166912).kernel, nullptr);
+  EXPECT_NE(choose_kernel(86, archs, bwd128, table, 163840).kernel, nullptr);  // exactly the need fits
+  EXPECT_EQ(choose_kernel(86, archs, bwd128, table, 163839).kernel, nullptr);
+}
+
+TEST_F(ChooseKernelSharedMemory, FallsBackToAnOlderFamilyThatFitsAndSaysWhy) {
+  const Choice c = choose_kernel(90, archs, key(Direction::kFwd, DType::kBFloat16, 128), table, 200 * 1024);
+  ASSERT_NE(c.kernel, nullptr);
+  EXPECT_STREQ(c.kernel->family, "sm80");
+  EXPECT_NE(c.reason.find("the sm90 kernel needs 209 KB of shared memory per block, more than sm_90 allows (200 KB)"),
+            std::string::npos)
+      << c.reason;
+}
+
+TEST_F(ChooseKernelSharedMemory, ReportsFractionalKilobytes) {
+  const Choice c = choose_kernel(86, archs, key(Direction::kFwd, DType::kFloat16, 64), table, 40 * 1024);
+  EXPECT_EQ(c.kernel, nullptr);
+  EXPECT_NE(c.reason.find("needs 47.5 KB of shared memory per block; sm_86 allows 40 KB"), std::string::npos)
+      << c.reason;
 }
 
 }  // namespace
