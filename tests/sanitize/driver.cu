@@ -435,8 +435,9 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
 }
 
 // The (dtype, head dim) pairs with a forward and a backward kernel for this device, in an order that alternates
-// dtypes and widths so that consecutive configs differ in both.
-std::vector<Variant> available_variants(int device_sm, std::string* reason) {
+// dtypes and widths so that consecutive configs differ in both. Dispatch is asked as the FFI handlers ask it: with
+// the device's own opt-in shared memory per block.
+std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin, std::string* reason) {
   const std::vector<std::pair<DType, int>> order = {
       {DType::kBFloat16, 64},  {DType::kFloat16, 128}, {DType::kBFloat16, 256}, {DType::kFloat16, 96},
       {DType::kBFloat16, 192}, {DType::kFloat16, 64},  {DType::kBFloat16, 128}, {DType::kFloat16, 256},
@@ -447,11 +448,11 @@ std::vector<Variant> available_variants(int device_sm, std::string* reason) {
     key.dtype = dtype;
     key.head_dim = head_dim;
     key.direction = flashjax::Direction::kFwd;
-    const flashjax::Choice fwd =
-        flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table());
+    const flashjax::Choice fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                         flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.direction = flashjax::Direction::kBwd;
-    const flashjax::Choice bwd =
-        flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table());
+    const flashjax::Choice bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                         flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel});
     } else if (reason->empty()) {
@@ -488,11 +489,12 @@ int main(int argc, char** argv) {
     return usage(argv[0]);
   }
 
-  int device = 0, major = 0, minor = 0;
+  int device = 0, major = 0, minor = 0, smem_per_block_optin = 0;
   cudaDeviceProp prop{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
     std::printf("flashjax_sanitize: no CUDA device: FAILED\n");
     return 1;
   }
@@ -505,7 +507,7 @@ int main(int argc, char** argv) {
               flashjax::kernel_table().size(), disabled != nullptr ? disabled : "");
 
   std::string reason;
-  const std::vector<Variant> variants = available_variants(device_sm, &reason);
+  const std::vector<Variant> variants = available_variants(device_sm, smem_per_block_optin, &reason);
   if (variants.empty()) {
     std::printf("flashjax_sanitize: no kernel runs here: %s: FAILED\n", reason.c_str());
     return 1;
