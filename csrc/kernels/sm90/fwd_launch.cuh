@@ -38,7 +38,12 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using Mainloop = typename Kernel::Mainloop;
   using Epilogue = typename Kernel::Epilogue;
   using Scheduler = typename Kernel::Scheduler;
-  const typename Scheduler::Params scheduler = Scheduler::to_params(params);
+  int device = 0;
+  int num_sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const typename Scheduler::Params scheduler = Scheduler::to_params(params, num_sms);
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
@@ -79,12 +84,6 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
                                               params.heads_q / params.heads_k,
                                               params.sinks};
 
-  int device = 0;
-  int num_sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) return err;
-
   auto kernel = fwd_kernel_sm90<Kernel>;
   // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it
   // is legal during CUDA-graph capture.
@@ -114,6 +113,17 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
                ? detail::launch_fwd<Element, kHeadDim, kBanded.block_m, kBanded.block_n>(params, stream)
                : detail::launch_fwd<Element, kHeadDim, kUnbanded.block_m, kUnbanded.block_n>(params, stream);
   }
+}
+
+// Declared in launch.h: the most dynamic shared memory any launch of run_fwd requests, i.e. the larger of the
+// banded and the unbanded tile's kernel (launch_fwd launches FwdKernelSm90 with its kSmemBytes).
+template <typename Element, int kHeadDim>
+int fwd_smem_bytes() {
+  constexpr FwdTileSizes kBanded = fwd_tile_sizes(kHeadDim, /*banded=*/true);
+  constexpr FwdTileSizes kUnbanded = fwd_tile_sizes(kHeadDim, /*banded=*/false);
+  constexpr int kBandedBytes = FwdKernelSm90<Element, kHeadDim, kBanded.block_m, kBanded.block_n>::kSmemBytes;
+  constexpr int kUnbandedBytes = FwdKernelSm90<Element, kHeadDim, kUnbanded.block_m, kUnbanded.block_n>::kSmemBytes;
+  return kBandedBytes > kUnbandedBytes ? kBandedBytes : kUnbandedBytes;
 }
 
 }  // namespace flashjax::sm90

@@ -1,11 +1,18 @@
 // Persistent static tile scheduler of the sm90 forward kernel.
 //
-// The grid has one CTA per SM (read from the device at launch; fewer when there are fewer tiles), and CTA c walks
-// tiles c, c + gridDim.x, ... Tiles are numbered m-block fastest, then query head, then batch: the CTAs resident
-// at any moment work on few heads and share their K/V in L2. Within a head, when the band makes some m-blocks
-// visit more KV blocks than others (causal: the last rows see the most keys; a left-only window: the first), the
-// heavier end is numbered first, so the longest tiles start in the first wave and the short ones fill the tail.
-// Producer and consumers walk the same sequence independently: no tile index is communicated.
+// The grid has at most one CTA per SM (read from the device at launch), and every CTA walks a fixed sequence of
+// tile indices; producer and consumers walk the same sequence independently, so no tile index is communicated.
+// Tiles are numbered m-block fastest, then query head, then batch: the CTAs resident at any moment work on few
+// heads and share their K/V in L2.
+//
+// Balance. With a band (causal: the last rows see the most keys; a left-only window: the first), m-blocks differ
+// in work. Handing tiles out round robin (CTA c takes c, c + grid, ...) then gives some CTAs systematically
+// heavier tiles: the grid size and the m-block count share a period (132 CTAs against 8 m-blocks at S = 1k, or
+// against 128 at S = 16k), and the kernel lasts as long as its busiest CTA (measured: 0.69x of the balanced rate
+// at S = 16k causal). So where work varies and there are at least two tiles per CTA, tiles go out in pairs: within
+// a head the order is heaviest, lightest, 2nd heaviest, 2nd lightest, ..., and a CTA takes two consecutive tiles
+// (2u, 2u + 1) at a time, whose work sums to about the same for every pair (exactly, for causal). Without pairs,
+// the heaviest m-block is numbered first, so the longest tiles start in the first wave.
 #pragma once
 
 #include <climits>
@@ -23,7 +30,8 @@ struct FwdTileSchedulerSm90 {
     int num_m_blocks;
     int heads_q;
     int num_tiles;
-    bool last_m_block_first;  // the last m-block is the heaviest: number m-blocks in reverse
+    bool last_m_block_first;  // the last m-block is the heaviest: rank m-blocks from the end
+    bool paired;              // hand tiles out in (heavy, light) pairs
   };
 
   struct Tile {
@@ -33,31 +41,44 @@ struct FwdTileSchedulerSm90 {
   };
 
   // num_tiles = 0 when there is no work (Sq = 0, B = 0 or Hq = 0); -1 when the tile count overflows int32.
-  static Params to_params(const AttnShape& shape) {
+  static Params to_params(const AttnShape& shape, int num_sms) {
     const int num_m_blocks = common::ceil_div(shape.seqlen_q, kBlockM);
     const int64_t num_tiles = int64_t(num_m_blocks) * shape.heads_q * shape.batch;
     bool last_first = false;
+    bool uneven = false;
     if (num_m_blocks > 0) {
       const common::BandMask band(shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right);
       auto blocks_of = [&](int m_block) {
         return band.template kv_blocks<kBlockM, kBlockN>(m_block * kBlockM).num_blocks();
       };
       last_first = blocks_of(num_m_blocks - 1) > blocks_of(0);
+      uneven = blocks_of(num_m_blocks - 1) != blocks_of(0);
     }
-    return {num_m_blocks, shape.heads_q, num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles), last_first};
+    return {num_m_blocks, shape.heads_q, num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles), last_first,
+            uneven && num_tiles >= 2 * int64_t(num_sms)};
   }
 
   static int grid_size(const Params& params, int num_sms) {
-    return params.num_tiles < num_sms ? params.num_tiles : num_sms;
+    const int units = params.paired ? (params.num_tiles + 1) / 2 : params.num_tiles;
+    return units < num_sms ? units : num_sms;
   }
 
-  __device__ static int first_tile() { return blockIdx.x; }
-  __device__ static int next_tile(int tile) { return tile + gridDim.x; }
+  __device__ static int first_tile(const Params& params) {
+    return params.paired ? 2 * int(blockIdx.x) : int(blockIdx.x);
+  }
+  __device__ static int next_tile(const Params& params, int tile) {
+    if (!params.paired) return tile + gridDim.x;
+    return tile % 2 == 0 ? tile + 1 : tile - 1 + 2 * int(gridDim.x);
+  }
 
   __device__ static Tile tile(const Params& params, int tile) {
-    const int m_index = tile % params.num_m_blocks;
-    const int head_batch = tile / params.num_m_blocks;
-    return {params.last_m_block_first ? params.num_m_blocks - 1 - m_index : m_index, head_batch % params.heads_q,
+    const int num_m = params.num_m_blocks;
+    const int index = tile % num_m;
+    const int head_batch = tile / num_m;
+    // rank r: the r-th heaviest m-block. Paired: even positions take ranks 0, 1, ... from the heavy end, odd
+    // positions ranks M - 1, M - 2, ... from the light end (disjoint and complete for odd M too).
+    const int rank = !params.paired ? index : index % 2 == 0 ? index / 2 : num_m - 1 - index / 2;
+    return {params.last_m_block_first ? num_m - 1 - rank : rank, head_batch % params.heads_q,
             head_batch / params.heads_q};
   }
 };
