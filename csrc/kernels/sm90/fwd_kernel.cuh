@@ -145,8 +145,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
     int tiles_with_work = 0;
-    for (int tile_index = Scheduler::first_tile(params.scheduler); tile_index < params.scheduler.num_tiles;
-         tile_index = Scheduler::next_tile(params.scheduler, tile_index)) {
+    for (int tile_index = Scheduler::first_tile(params.scheduler, blockIdx.x);
+         tile_index < params.scheduler.num_tiles;
+         tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
       const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
       if (blocks.empty()) continue;
@@ -172,8 +173,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   // Warpgroup 0 takes the first turn on the tensor cores.
   if (consumer_wg == 0) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
 
-  for (int tile_index = Scheduler::first_tile(params.scheduler); tile_index < params.scheduler.num_tiles;
-       tile_index = Scheduler::next_tile(params.scheduler, tile_index)) {
+  for (int tile_index = Scheduler::first_tile(params.scheduler, blockIdx.x);
+       tile_index < params.scheduler.num_tiles;
+       tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
     const auto tile = Scheduler::tile(params.scheduler, tile_index);
     const int m_start = tile.m_block * kBlockM;
     // The block range is the CTA's (both warpgroups consume the same K/V stages); the mask is the warpgroup's.

@@ -148,11 +148,12 @@ struct FwdMainloopSm90 {
     __device__ explicit QuerySlot(int n) : buffer(n % kQStages), phase((n / kQStages) & 1) {}
   };
 
-  // Producer side of one tile with work (blocks not empty), run by the whole producer warp; `leader` (one lane) issues every TMA and pipeline
-  // operation. Load order, with b(t) = blocks.block_at(t): K of b(0), then Q (once the consumers have freed the Q
-  // buffer: QueryEmpty), then K of b(t) and V of b(t - 1) alternately, ending with V of the last block: exactly the
-  // order the consumers wait in, which with per-stage empty barriers cannot deadlock. Tiles with no KV block load
-  // nothing and take no part in the Q hand-off (their epilogue does not use shared memory: fwd_epilogue.cuh).
+  // Producer side of one tile with work (blocks not empty), run by the whole producer warp; `leader` (one lane)
+  // issues every TMA and pipeline operation. Load order, with b(t) = blocks.block_at(t): K of b(0), then Q (once
+  // the consumers have freed its buffer: QueryEmpty), then K of b(t) and V of b(t - 1) alternately, ending with V of
+  // the last block: exactly the order the consumers wait in, which with per-stage empty barriers cannot deadlock.
+  // Tiles with no KV block load nothing and take no part in the Q hand-off (their epilogue does not use shared
+  // memory: fwd_epilogue.cuh).
   //
   // QueryEmpty pairing, per Q buffer b: the consumers arrive once at kernel start and once after each tile with
   // work that used b; the producer syncs once before each Q it loads into b. The consumers' arrival after tile n

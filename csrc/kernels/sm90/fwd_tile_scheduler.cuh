@@ -63,15 +63,15 @@ struct FwdTileSchedulerSm90 {
     return units < num_sms ? units : num_sms;
   }
 
-  __device__ static int first_tile(const Params& params) {
-    return params.paired ? 2 * int(blockIdx.x) : int(blockIdx.x);
-  }
-  __device__ static int next_tile(const Params& params, int tile) {
-    if (!params.paired) return tile + gridDim.x;
-    return tile % 2 == 0 ? tile + 1 : tile - 1 + 2 * int(gridDim.x);
+  // The walk of CTA `cta` in a grid of `grid` CTAs (blockIdx.x, gridDim.x in the kernel; host code simulates it
+  // in tests/cpp/test_tile_scheduler.cu): first_tile, then next_tile until the index reaches num_tiles.
+  __host__ __device__ static int first_tile(const Params& params, int cta) { return params.paired ? 2 * cta : cta; }
+  __host__ __device__ static int next_tile(const Params& params, int tile, int grid) {
+    if (!params.paired) return tile + grid;
+    return tile % 2 == 0 ? tile + 1 : tile - 1 + 2 * grid;
   }
 
-  __device__ static Tile tile(const Params& params, int tile) {
+  __host__ __device__ static Tile tile(const Params& params, int tile) {
     const int num_m = params.num_m_blocks;
     const int index = tile % num_m;
     const int head_batch = tile / num_m;
