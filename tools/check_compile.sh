@@ -49,18 +49,19 @@ for hdim in "${head_dims[@]}"; do
   if [ "$family" = sm90 ] && [ "$direction" = fwd ]; then
     cat >"$work/smem_size.cu" <<CU
 #include <cstdio>
-#include "kernels/sm90/fwd_kernel.cuh"
+#include "kernels/sm90/fwd_launch.cuh"
 template <bool kBanded>
 void print_config() {
   using namespace flashjax::sm90;
   constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kBanded);
-  using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_n>;
+  using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_m, kTile.block_n>;
   std::printf("   %s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", kBanded ? "banded  " : "unbanded",
               kTile.block_m, kTile.block_n, Kernel::kSmemBytes);
 }
 int main() {
   print_config<false>();
   print_config<true>();
+  std::printf("   dispatch figure (fwd_smem_bytes): %d bytes\\n", flashjax::sm90::fwd_smem_bytes<$element, $hdim>());
 }
 CU
     "$nvcc" "${flags[@]}" -gencode=arch=compute_90a,code=sm_90a "$work/smem_size.cu" -o "$work/smem_size"

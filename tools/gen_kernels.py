@@ -7,11 +7,11 @@ The table below is the only place that says which kernels exist. Running this sc
   csrc/kernels/generated/kernels.cmake                               source lists per kernel set
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
-Each table row also carries the dynamic shared memory per block its kernel launches with, which dispatch compares
-with the device's limit (sm86/89/120 allow 99 KB per block, sm80 163 KB, sm90 227 KB). The kernel's own
-compile-time constant is the truth: smem_bytes() below restates it from the kernel's tile sizes, and every
-instantiation file static_asserts that the two agree, so a tile change in a kernel header that is not mirrored here
-fails that kernel's build instead of leaving dispatch with a wrong number. `--smem` prints the numbers.
+Each table row also names the kernel's <direction>_smem_bytes<Element, D>() (declared in its family's launch.h,
+defined next to run_<direction> and instantiated with it here): the dynamic shared memory per block its launches
+request, computed from the kernel's own types, which dispatch compares with the device's limit (sm86/89/120 allow
+99 KB per block, sm80 163 KB, sm90 227 KB). Nothing here restates a kernel's layout, so a tile or storage change in a
+kernel header needs no edit here. `python -m flashjax` (or flashjax._ffi.build_info()) prints the figures.
 """
 from __future__ import annotations
 
@@ -35,57 +35,6 @@ FAMILIES = {
 ARCH_SPECIFIC = {"sm90": "90a"}
 DTYPES = {"fp16": ("cutlass::half_t", "kFloat16"), "bf16": ("cutlass::bfloat16_t", "kBFloat16")}
 HEAD_DIMS = (64, 96, 128, 192, 256)
-ELEMENT_BYTES = 2  # fp16 and bf16
-
-# (family, direction): C++ expressions (format fields {element}, {hdim}) for the dynamic shared memory each tile
-# configuration of the kernel launches with, named exactly as its launcher names it (the sm90 launcher picks a
-# banded or an unbanded tile at run time; the table's figure is the larger).
-KERNEL_SMEM_EXPRS = {
-    ("sm80", "fwd"): ["flashjax::sm80::FwdLayouts<{element}, {hdim}>::kSmemBytes"],
-    ("sm80", "bwd"): ["flashjax::sm80::BwdLayouts<{element}, {hdim}>::kSmemBytes"],
-    ("sm90", "fwd"): [f"flashjax::sm90::FwdKernelSm90<{{element}}, {{hdim}}, "
-                      f"flashjax::sm90::fwd_tile_sizes({{hdim}}, {banded}).block_m, "
-                      f"flashjax::sm90::fwd_tile_sizes({{hdim}}, {banded}).block_n>::kSmemBytes"
-                      for banded in ("true", "false")],
-}
-
-
-def round_up(n, multiple):
-    return -(-n // multiple) * multiple
-
-
-def smem_bytes(family, direction, hdim):
-    """Dynamic shared memory per block of one kernel, in bytes: the kernel's own formula, from its tile sizes."""
-    d = hdim
-    if (family, direction) == ("sm80", "fwd"):
-        # csrc/kernels/sm80/fwd_tile_sizes.cuh and FwdLayouts::kSmemBytes: Q (block_m x D) + one K and one V tile.
-        block_m, block_n = (128, 128) if d <= 64 else (128, 64)
-        return ELEMENT_BYTES * (block_m * d + 2 * block_n * d)
-    if (family, direction) == ("sm80", "bwd"):
-        # csrc/kernels/sm80/bwd_tile_sizes.cuh and BwdLayouts::kSmemBytes: stages x (Q + dO) + K + V + P + dS.
-        block_m, block_n, stages = (64, 128, 2) if d <= 128 else (64, 64, 2) if d <= 192 else (64, 64, 1)
-        return ELEMENT_BYTES * (2 * stages * block_m * d + 2 * block_n * d + 2 * block_m * block_n)
-    if (family, direction) == ("sm90", "fwd"):
-        # csrc/kernels/sm90/fwd_tile_sizes.cuh and FwdKernelSm90::kSmemBytes = sizeof(FwdSharedStorageSm90): V and K
-        # (2 stages each), 1 or 2 Q buffers (block_m x D), O's own staging buffer or none, each 1024-byte aligned,
-        # then the barriers (two 2-stage TMA pipelines of 2 x 2 mbarriers, one per Q buffer), the struct padded to
-        # its 1024-byte alignment. The kernel takes the first layout that fits in 227 KB of: two Q buffers and O's
-        # own, one Q buffer and O's own, one Q buffer that O is staged in.
-        def storage(block_m, block_n, q_buffers, own_o):
-            buffers = [2 * block_n * d, q_buffers * block_m * d, 2 * block_n * d] + ([block_m * d] if own_o else [])
-            tensors = sum(round_up(ELEMENT_BYTES * elems, 1024) for elems in buffers)
-            barriers = 2 * (2 * 2 * 8) + 8 * q_buffers
-            return round_up(tensors + barriers, 1024)
-
-        def one_tile(block_m, block_n):
-            layouts = [storage(block_m, block_n, q, o) for q, o in ((2, True), (1, True), (1, False))]
-            return next(n for n in layouts if n <= 227 * 1024)
-
-        def tile(banded):  # (block_m, block_n)
-            return (128, 128) if d <= 128 else (128, 112) if d <= 192 else (128, 80)
-        return max(one_tile(*tile(banded)) for banded in (True, False))
-    raise KeyError((family, direction))
-
 
 # The small set CI builds on 2 cores: enough to compile every stage of every family once.
 CI_SET = {("sm80", "fwd", "bf16", 64), ("sm80", "bwd", "bf16", 64), ("sm90", "fwd", "bf16", 64)}
@@ -96,35 +45,13 @@ def spec_table():
         yield family, direction, dtype, hdim
 
 
-def smem_check(family, direction, dtype, hdim):
-    """The static_assert that ties the table's shared-memory figure to the kernel's own constant."""
-    element = DTYPES[dtype][0]
-    exprs = [e.format(element=element, hdim=hdim) for e in KERNEL_SMEM_EXPRS[(family, direction)]]
-    bytes_ = smem_bytes(family, direction, hdim)
-    message = (f"\"{family} {direction} hdim {hdim}: the kernel's shared memory is not the {bytes_} bytes of its "
-               f"dispatch table row;\"\n              \" update smem_bytes() in tools/gen_kernels.py and rerun it\"")
-    text = ("\n// Dispatch compares the shared memory of this kernel's table row (kernel_table_*.inc) with the "
-            "device's\n// per-block limit; this checks that the row's figure is the kernel's own.\n")
-    if len(exprs) == 1:
-        return text + f"static_assert({exprs[0]} == {bytes_},\n              {message});\n"
-    items = "".join(f"    {e},\n" for e in exprs)
-    return (text + "namespace {\n"
-            f"constexpr int kTileSmemBytes[] = {{  // one per tile configuration; the row holds the largest\n{items}}};\n"
-            "constexpr int max_tile_smem_bytes() {\n"
-            "  int most = 0;\n"
-            "  for (int bytes : kTileSmemBytes) most = bytes > most ? bytes : most;\n"
-            "  return most;\n"
-            "}\n"
-            "}  // namespace\n"
-            f"static_assert(max_tile_smem_bytes() == {bytes_},\n              {message});\n")
-
-
 def instantiation(family, direction, dtype, hdim):
     header, params = FAMILIES[(family, direction)]
     element = DTYPES[dtype][0]
     return (f"{HEADER}#include \"{header}\"\n\n"
             f"template cudaError_t flashjax::{family}::run_{direction}<{element}, {hdim}>(\n"
-            f"    const flashjax::{params}&, cudaStream_t);\n" + smem_check(family, direction, dtype, hdim))
+            f"    const flashjax::{params}&, cudaStream_t);\n"
+            f"template int flashjax::{family}::{direction}_smem_bytes<{element}, {hdim}>();\n")
 
 
 def file_name(family, direction, dtype, hdim):
@@ -136,7 +63,7 @@ def table_rows(entries):
     for f, d, t, h in entries:
         row = (f"FLASHJAX_KERNEL({f}, run_{d}, Direction::k{d.capitalize()}, {FAMILIES[(f, d)][1]}, "
                f"DType::{DTYPES[t][1]}, {DTYPES[t][0]}, {h}, {str(f in ARCH_SPECIFIC).lower()}, "
-               f"{smem_bytes(f, d, h)})")
+               f"{d}_smem_bytes)")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
 
@@ -170,17 +97,7 @@ def main():
     parser.add_argument("--check", action="store_true", help="fail if the committed files are stale")
     parser.add_argument("--print", nargs=4, metavar=("FAMILY", "DIRECTION", "DTYPE", "HDIM"),
                         help="print one instantiation file (tools/check_compile.sh compiles it)")
-    parser.add_argument("--smem", action="store_true",
-                        help="print the dynamic shared memory per block of every kernel (what dispatch compares)")
     args = parser.parse_args()
-    if args.smem:
-        print("family direction hdim  smem bytes     KB  fits 99 KB (sm86/89/120)  163 KB (sm80/87)  227 KB (sm90)")
-        for family, direction in FAMILIES:
-            for hdim in HEAD_DIMS:
-                n = smem_bytes(family, direction, hdim)
-                fits = ["yes" if n <= limit * 1024 else "no" for limit in (99, 163, 227)]
-                print(f"{family:6} {direction:9} {hdim:4} {n:11} {n / 1024:6.1f}  {fits[0]:24}  {fits[1]:16}  {fits[2]}")
-        return 0
     if args.print:
         family, direction, dtype, hdim = args.print
         print(instantiation(family, direction, dtype, int(hdim)), end="")

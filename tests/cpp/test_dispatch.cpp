@@ -136,8 +136,8 @@ TEST_F(ChooseKernel, RefusesFeaturesWithoutKernels) {
   EXPECT_NE(c.reason.find("mask_mod"), std::string::npos);
 }
 
-// The sm80 family's real figures (tools/gen_kernels.py --smem): the backward needs 96 KB at head dim 64 and
-// 160 KB at 128; the sm90 forward 209 KB at 128.
+// The kernels' figures when this was written (python -m flashjax lists the built ones): the sm80 backward needs
+// 96 KB at head dim 64 and 160 KB at 128; the sm90 forward 209 KB at 128.
 class ChooseKernelSharedMemory : public ChooseKernel {
  protected:
   std::vector<KernelEntry> table = {

@@ -1,8 +1,7 @@
 """The compiled library: loads with ctypes without a GPU, describes its build, answers dispatch questions and
 registers its FFI targets. CI builds it with the small kernel set before running these."""
-import importlib.util
 import os
-import pathlib
+import re
 import warnings
 
 import jax
@@ -52,23 +51,33 @@ def test_dispatch_answers_with_reasons():
             assert "sm80" in reason
 
 
-def _generator():
-    """tools/gen_kernels.py, the one table that says which kernels exist and how much shared memory each needs."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "tools" / "gen_kernels.py"
-    spec = importlib.util.spec_from_file_location("gen_kernels", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 DTYPE_NAME = {"bf16": "bfloat16", "fp16": "float16"}
+DIRECTION_NAME = {"fwd": "forward", "bwd": "backward"}
+FAMILY_SM = {"sm80": 80, "sm90": 90}
 
 
-def test_kernel_table_carries_the_generators_shared_memory_figures():
-    # The generator's figures are static_asserted against the kernels' own constants in every instantiation file.
-    gen = _generator()
+def _kb(n):
+    """dispatch.cpp's spelling of a byte count: KB to a tenth, without a trailing .0."""
+    tenths = (n * 10 + 512) // 1024
+    return f"{tenths // 10}" + (f".{tenths % 10}" if tenths % 10 else "") + " KB"
+
+
+def _smem(family, direction, dtype, head_dim):
+    """The library's figure for one kernel (None when the build lacks it): the kernel's own <direction>_smem_bytes."""
     for k in _ffi.build_info()["kernels"]:
-        assert k["smem_bytes"] == gen.smem_bytes(k["family"], k["direction"], k["head_dim"]), k
+        if (k["family"], k["direction"], k["dtype"], k["head_dim"]) == (family, direction, dtype, head_dim):
+            return k["smem_bytes"]
+    return None
+
+
+def test_every_kernel_reports_shared_memory_its_own_arch_holds():
+    # The figures come from the kernels' types (fwd_smem_bytes / bwd_smem_bytes next to each launcher); nothing
+    # outside the kernels restates them, so check what must hold of any figure: positive, and within the per-block
+    # limit of the arch the family is written for (else dispatch could never pick it there), 227 KB at most.
+    for k in _ffi.build_info()["kernels"]:
+        n = k["smem_bytes"]
+        assert isinstance(n, int) and 0 < n <= 227 * 1024, k
+        assert n <= _ffi.max_smem_per_block_optin(FAMILY_SM[k["family"]]), k
 
 
 def test_shared_memory_limits_per_arch():
@@ -90,50 +99,76 @@ def test_dispatch_refuses_kernels_over_the_devices_shared_memory(sm):
         ok, reason = _ffi.choose_kernel(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
         assert ok == (k["smem_bytes"] <= limit), (k, reason)
         if not ok:
-            direction = {"fwd": "forward", "bwd": "backward"}[k["direction"]]
-            assert reason == (f"the sm80 {direction} kernel for {k['dtype']} head dim {k['head_dim']} needs "
-                              f"{k['smem_bytes'] / 1024:g} KB of shared memory per block; sm_{sm} allows 99 KB")
+            assert reason == (f"the sm80 {DIRECTION_NAME[k['direction']]} kernel for {k['dtype']} head dim "
+                              f"{k['head_dim']} needs {_kb(k['smem_bytes'])} of shared memory per block; sm_{sm} "
+                              f"allows {_kb(limit)}")
 
 
-def _has_kernel(direction, dtype, head_dim):
-    return any((k["family"], k["direction"], k["dtype"], k["head_dim"]) == ("sm80", direction, dtype, head_dim)
-               for k in _ffi.build_info()["kernels"])
+@pytest.mark.parametrize("sm", [80, 90])
+def test_dispatch_takes_every_kernel_on_its_own_arch(sm):
+    # Each family's kernels fit the per-block shared memory of the arch they are written for.
+    info = _ffi.build_info()
+    family = f"sm{sm}"
+    if not any(a.startswith(str(sm)) for a in info["cuda_archs"]):
+        pytest.skip(f"no {family} code in this build")
+    if family in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").replace(";", ",").split(","):
+        pytest.skip(f"FLASHJAX_DISABLE_FAMILIES leaves {family} out of dispatch")
+    for k in info["kernels"]:
+        if k["family"] != family:
+            continue
+        ok, reason = _ffi.choose_kernel(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
+        assert ok and reason.startswith(f"{family} {DIRECTION_NAME[k['direction']]} kernel"), (k, reason)
+
+
+def _refusal_on_99_kb(head_dim, sm):
+    """What dispatch says on a 99 KB GPU about the sm80 bf16 kernels of head_dim, from the library's own figures:
+    None when both directions fit, else the reason of the first that does not (the forward is asked first)."""
+    for direction in ("fwd", "bwd"):
+        n = _smem("sm80", direction, "bf16", head_dim)
+        if n > 99 * 1024:
+            return (f"the sm80 {DIRECTION_NAME[direction]} kernel for bf16 head dim {head_dim} needs {_kb(n)} of "
+                    f"shared memory per block; sm_{sm} allows 99 KB")
+    return None
 
 
 def test_explain_on_a_99_kb_gpu():
-    # sm86/89/120 allow 99 KB per block: the sm80 backward fits at head dim 64 (96 KB), not at 128 (160 KB), and
-    # backend="auto" takes the kernel only when both directions run.
+    # sm86/89/120 allow 99 KB per block: backend="auto" takes the sm80 kernel only when both directions fit there
+    # (today the backward fits at head dim 64, not at 128), and otherwise names the kernel that does not.
     if not any(a.startswith("80") for a in _ffi.build_info()["cuda_archs"]):
         pytest.skip("no sm80-family code in this build")
     spec = jax.ShapeDtypeStruct
-    for d in (64, 128):
-        if not (_has_kernel("fwd", "bf16", d) and _has_kernel("bwd", "bf16", d)):
+    for d in (64, 96, 128, 192, 256):
+        if _smem("sm80", "fwd", "bf16", d) is None or _smem("sm80", "bwd", "bf16", d) is None:
             continue  # the small CI kernel set has head dim 64 only
         q = spec((1, 256, 8, d), jnp.bfloat16)
         text = flashjax.explain(q, q, q, causal=True, device_sm=86)
-        if d == 64:
+        refusal = _refusal_on_99_kb(d, 86)
+        if refusal is None:
             assert ": kernel (sm80 forward kernel" in text, text
         else:
-            assert ": reference (the sm80 backward kernel for bf16 head dim 128 needs 160 KB of shared memory per " \
-                   "block; sm_86 allows 99 KB)" in text, text
+            assert f": reference ({refusal})" in text, text
             assert ": kernel (" in flashjax.explain(q, q, q, causal=True, device_sm=80)
 
 
 def test_auto_warns_once_with_the_shared_memory_reason(monkeypatch):
-    if not (_has_kernel("fwd", "bf16", 128) and _has_kernel("bwd", "bf16", 128)):
-        pytest.skip("needs the sm80 head dim 128 kernels (the full kernel set)")
     if not any(a.startswith("80") for a in _ffi.build_info()["cuda_archs"]):
         pytest.skip("no sm80-family code in this build")
+    widths = [d for d in (64, 96, 128, 192, 256)
+              if _smem("sm80", "fwd", "bf16", d) is not None and _smem("sm80", "bwd", "bf16", d) is not None
+              and _refusal_on_99_kb(d, 89) is not None]
+    if not widths:
+        pytest.skip("no sm80 kernel in this build needs more than 99 KB (the small CI set)")
+    d = widths[0]
     from flashjax import api
     options = api._check_options(causal=True, window_size=(-1, -1), softmax_scale=None, sinks=None, softcap=0.0,
                                  mask_mod=None, return_lse=False, deterministic=False, backend="auto",
-                                 head_dim=128, heads_q=8)
+                                 head_dim=d, heads_q=8)
     monkeypatch.setattr(api, "_warned", set())
-    with pytest.warns(UserWarning, match="160 KB of shared memory per block; sm_89 allows 99 KB"):
-        assert api.plan(jnp.bfloat16, 128, varlen=False, options=options, device_sm=89)[0] == "reference"
+    with pytest.warns(UserWarning, match=re.escape(_refusal_on_99_kb(d, 89))):
+        assert api.plan(jnp.bfloat16, d, varlen=False, options=options, device_sm=89)[0] == "reference"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert api.plan(jnp.bfloat16, 128, varlen=False, options=options, device_sm=89)[0] == "reference"
+        assert api.plan(jnp.bfloat16, d, varlen=False, options=options, device_sm=89)[0] == "reference"
 
 
 def test_registers_ffi_targets():

@@ -56,4 +56,12 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Declared in launch.h: the most dynamic shared memory any of run_bwd's launches requests (the main kernel; the
+// preprocess and postprocess launch with none).
+template <typename Element, int kHeadDim>
+int bwd_smem_bytes() {
+  constexpr int kSmemBytes = BwdLayouts<Element, kHeadDim>::kSmemBytes;
+  return kSmemBytes;
+}
+
 }  // namespace flashjax::sm80

@@ -39,4 +39,11 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Declared in launch.h: the dynamic shared memory run_fwd launches with (both softcap variants share the layouts).
+template <typename Element, int kHeadDim>
+int fwd_smem_bytes() {
+  constexpr int kSmemBytes = FwdLayouts<Element, kHeadDim>::kSmemBytes;
+  return kSmemBytes;
+}
+
 }  // namespace flashjax::sm80

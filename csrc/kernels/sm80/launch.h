@@ -17,4 +17,13 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
+// The most dynamic shared memory per block, in bytes, that any launch of run_fwd / run_bwd<Element, kHeadDim>
+// requests: the kernel's own constant (defined next to the launcher, instantiated with it). Dispatch compares it
+// with the device's per-block limit (KernelEntry::smem_bytes).
+template <typename Element, int kHeadDim>
+int fwd_smem_bytes();
+
+template <typename Element, int kHeadDim>
+int bwd_smem_bytes();
+
 }  // namespace flashjax::sm80

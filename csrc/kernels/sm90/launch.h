@@ -15,4 +15,10 @@ namespace flashjax::sm90 {
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
+// The most dynamic shared memory per block, in bytes, that any launch of run_fwd<Element, kHeadDim> requests: the
+// largest kSmemBytes of the tile configurations it picks from (defined next to the launcher, instantiated with it).
+// Dispatch compares it with the device's per-block limit (KernelEntry::smem_bytes).
+template <typename Element, int kHeadDim>
+int fwd_smem_bytes();
+
 }  // namespace flashjax::sm90
