@@ -1,6 +1,7 @@
-// The band policy of csrc/kernels/common/band_mask.cuh against the DESIGN.md §2.3 predicate, brute force on the
-// host: every visible key lies in a visited block, blocks marked mask-free are fully visible to every row of the
-// tile, the visiting order is a permutation with the masked blocks first, and the per-element mask is exact.
+// The band policies of csrc/kernels/common/band_mask.cuh (forward) and bwd_band_mask.cuh (backward) against the
+// DESIGN.md §2.3 predicate, brute force on the host: every visible key lies in a visited block, blocks marked
+// mask-free are fully visible to every row of the tile, the forward's visiting order is a permutation with the
+// masked blocks first, and the forward's per-element mask is exact.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "kernels/common/band_mask.cuh"
+#include "kernels/common/bwd_band_mask.cuh"
 
 namespace flashjax::common {
 namespace {
@@ -74,6 +76,54 @@ TEST(BandMask, MatchesThePredicateOnRandomProblems) {
     expect_band_exact<128, 64>(sq, sk, left, right);
     expect_band_exact<128, 128>(sq, sk, left, right);
     expect_band_exact<64, 128>(sq, sk, left, right);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The backward's transposed policy: a CTA owning keys [n_start, n_start + kBlockN) visits M blocks m_blocks(); every
+// row that sees one of its keys must lie in them, and a (M block, N block) tile with needs_mask() false must be
+// fully visible (rows past Sq excepted: their P is 0 by construction).
+template <int kBlockM, int kBlockN>
+void expect_bwd_band_exact(int sq, int sk, int left, int right) {
+  SCOPED_TRACE(::testing::Message() << "bwd Sq " << sq << " Sk " << sk << " window (" << left << ", " << right
+                                    << ") tile " << kBlockM << "x" << kBlockN);
+  const BwdBandMask band(sq, sk, left, right);
+  for (int n_start = 0; n_start < sk; n_start += kBlockN) {
+    const MBlockRange range = band.m_blocks<kBlockM, kBlockN>(n_start);
+    ASSERT_GE(range.begin, 0);
+    if (range.end > range.begin) ASSERT_LE(range.end, (sq + kBlockM - 1) / kBlockM) << "visits an M block past Sq";
+    for (int i = 0; i < sq; ++i) {
+      const int block = i / kBlockM;
+      const bool visited = block >= range.begin && block < range.end;
+      for (int j = n_start; j < std::min(n_start + kBlockN, sk); ++j) {
+        ASSERT_TRUE(!visible(i, j, sq, sk, left, right) || visited)
+            << "row " << i << " key " << j << " visible but its M block is skipped";
+      }
+    }
+    for (int m = std::max(range.begin, 0); m < range.end; ++m) {
+      const int m_start = m * kBlockM;
+      if (band.needs_mask<kBlockM, kBlockN>(m_start, n_start)) continue;
+      for (int i = m_start; i < std::min(m_start + kBlockM, sq); ++i) {
+        for (int j = n_start; j < n_start + kBlockN; ++j) {
+          ASSERT_TRUE(visible(i, j, sq, sk, left, right)) << "row " << i << " key " << j << " in a mask-free tile";
+        }
+      }
+    }
+  }
+}
+
+TEST(BwdBandMask, MatchesThePredicateOnRandomProblems) {
+  std::mt19937 rng(20261130);
+  for (int it = 0; it < 1000; ++it) {
+    int sq = rng() % 300, sk = rng() % 300;
+    if (it % 7 == 0) sq = rng() % 5;
+    if (it % 11 == 0) sk = rng() % 5;
+    int left = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
+    int right = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
+    if (it % 5 == 0) right = 0;   // causal
+    if (it % 13 == 0) left = rng() % 10;
+    expect_bwd_band_exact<64, 128>(sq, sk, left, right);
+    expect_bwd_band_exact<64, 64>(sq, sk, left, right);
     if (HasFatalFailure()) return;
   }
 }

@@ -8,6 +8,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "kernels/common/band_mask.cuh"
+
 namespace flashjax::common {
 
 struct MBlockRange {
@@ -15,28 +17,10 @@ struct MBlockRange {
   int end;  // exclusive; end <= begin: no query row sees the keys
 };
 
-struct BwdBandMask {
-  int seqlen_q;
-  int seqlen_k;
-  int offset;  // Sk - Sq: aligns the last query with the last key
-  int left;    // -1: unbounded (also after normalization, see the constructor)
-  int right;   // -1: unbounded
-
-  // A side that cannot exclude any key is made unbounded (right >= Sq admits every key to every row, left >= Sk
-  // likewise). Besides skipping needless checks, this keeps every bound below ~2 * max(Sq, Sk): no int32 overflow
-  // whatever window the caller passes.
-  __host__ __device__ BwdBandMask(int seqlen_q_, int seqlen_k_, int window_left, int window_right)
-      : seqlen_q(seqlen_q_),
-        seqlen_k(seqlen_k_),
-        offset(seqlen_k_ - seqlen_q_),
-        left(window_left < 0 || window_left >= seqlen_k_ ? -1 : window_left),
-        right(window_right < 0 || window_right >= seqlen_q_ ? -1 : window_right) {}
-
-  // Visible keys of query row i are [col_begin(i), col_end(i)).
-  __host__ __device__ int col_begin(int row) const { return left < 0 ? 0 : max(0, row + offset - left); }
-  __host__ __device__ int col_end(int row) const {
-    return right < 0 ? seqlen_k : min(seqlen_k, row + offset + right + 1);
-  }
+// The band itself (normalized window, col_begin / col_end per row) is the forward's BandMask; what differs is the
+// direction the tiles are walked in.
+struct BwdBandMask : BandMask {
+  using BandMask::BandMask;
 
   // M blocks holding every query row that sees one of the keys [n_start, n_start + kBlockN) ∩ [0, Sk); the others
   // are never loaded. Row i sees one of those keys iff col_end(i) > n_start and col_begin(i) <= last key, which
