@@ -63,19 +63,30 @@ void expect_band_exact(int sq, int sk, int left, int right) {
   }
 }
 
+// A random problem for iteration `it`: ragged lengths (some tiny), windows of every kind.
+struct RandomBand {
+  int sq, sk, left, right;
+};
+RandomBand random_band(std::mt19937& rng, int it) {
+  RandomBand b;
+  b.sq = rng() % 300;
+  b.sk = rng() % 300;
+  if (it % 7 == 0) b.sq = rng() % 5;
+  if (it % 11 == 0) b.sk = rng() % 5;
+  b.left = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
+  b.right = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
+  if (it % 5 == 0) b.right = 0;          // causal
+  if (it % 13 == 0) b.left = rng() % 10;  // narrow windows empty some rows when Sq > Sk
+  return b;
+}
+
 TEST(BandMask, MatchesThePredicateOnRandomProblems) {
   std::mt19937 rng(20261129);
   for (int it = 0; it < 1500; ++it) {
-    int sq = rng() % 300, sk = rng() % 300;
-    if (it % 7 == 0) sq = rng() % 5;
-    if (it % 11 == 0) sk = rng() % 5;
-    int left = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
-    int right = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
-    if (it % 5 == 0) right = 0;   // causal
-    if (it % 13 == 0) left = rng() % 10;  // narrow windows empty some rows when Sq > Sk
-    expect_band_exact<128, 64>(sq, sk, left, right);
-    expect_band_exact<128, 128>(sq, sk, left, right);
-    expect_band_exact<64, 128>(sq, sk, left, right);
+    const RandomBand b = random_band(rng, it);
+    expect_band_exact<128, 64>(b.sq, b.sk, b.left, b.right);
+    expect_band_exact<128, 128>(b.sq, b.sk, b.left, b.right);
+    expect_band_exact<64, 128>(b.sq, b.sk, b.left, b.right);
     if (HasFatalFailure()) return;
   }
 }
@@ -115,15 +126,9 @@ void expect_bwd_band_exact(int sq, int sk, int left, int right) {
 TEST(BwdBandMask, MatchesThePredicateOnRandomProblems) {
   std::mt19937 rng(20261130);
   for (int it = 0; it < 1000; ++it) {
-    int sq = rng() % 300, sk = rng() % 300;
-    if (it % 7 == 0) sq = rng() % 5;
-    if (it % 11 == 0) sk = rng() % 5;
-    int left = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
-    int right = rng() % 3 == 0 ? -1 : static_cast<int>(rng() % 400);
-    if (it % 5 == 0) right = 0;   // causal
-    if (it % 13 == 0) left = rng() % 10;
-    expect_bwd_band_exact<64, 128>(sq, sk, left, right);
-    expect_bwd_band_exact<64, 64>(sq, sk, left, right);
+    const RandomBand b = random_band(rng, it);
+    expect_bwd_band_exact<64, 128>(b.sq, b.sk, b.left, b.right);
+    expect_bwd_band_exact<64, 64>(b.sq, b.sk, b.left, b.right);
     if (HasFatalFailure()) return;
   }
 }
