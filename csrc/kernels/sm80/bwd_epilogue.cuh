@@ -6,7 +6,7 @@
 #include <cute/tensor.hpp>
 
 #include "flashjax/params.h"
-#include "kernels/sm80/bwd_fragment_utils.cuh"
+#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 
 namespace flashjax::sm80 {
@@ -41,8 +41,8 @@ __device__ void bwd_epilogue_store_dkdv(const BwdParams& params, int n_block, in
   using Element = typename Layouts::Element;
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= params.softmax_scale;
-  Tensor rdK = convert_fragment<Element>(acc_dk);
-  Tensor rdV = convert_fragment<Element>(acc_dv);
+  Tensor rdK = common::convert_fragment<Element>(acc_dk);
+  Tensor rdV = common::convert_fragment<Element>(acc_dv);
 
   Tensor sdK = make_tensor(make_smem_ptr(smem + Layouts::kOffsetK), typename Layouts::SmemLayoutKV{});
   Tensor sdV = make_tensor(make_smem_ptr(smem + Layouts::kOffsetV), typename Layouts::SmemLayoutKV{});

@@ -6,7 +6,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "flashjax/params.h"
-#include "kernels/sm80/bwd_fragment_utils.cuh"
+#include "kernels/common/fast_math.cuh"
 #include "kernels/sm80/bwd_kernel.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_postprocess.cuh"
@@ -21,7 +21,7 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Layouts = BwdLayouts<Element, kHeadDim>;
   using RowPass = BwdRowPassShape;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      params.seqlen_q_rounded < ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
+      params.seqlen_q_rounded < common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
       params.seqlen_q_rounded % kBwdSeqlenQRounding != 0) {
     return cudaErrorInvalidValue;
   }
@@ -45,12 +45,12 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layouts::kSmemBytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid(ceil_div(params.seqlen_k, Layouts::kBlockN), params.heads_k, params.batch);
+    const dim3 grid(common::ceil_div(params.seqlen_k, Layouts::kBlockN), params.heads_k, params.batch);
     kernel<<<grid, Layouts::kNThreads, Layouts::kSmemBytes, stream>>>(params);
   }
 
   if (params.seqlen_q > 0) {
-    const dim3 grid(ceil_div(params.seqlen_q, Layouts::kBlockM), params.heads_q, params.batch);
+    const dim3 grid(common::ceil_div(params.seqlen_q, Layouts::kBlockM), params.heads_q, params.batch);
     bwd_postprocess_kernel<Layouts><<<grid, Layouts::kNThreads, 0, stream>>>(params);
   }
   return cudaGetLastError();

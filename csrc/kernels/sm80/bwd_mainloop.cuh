@@ -15,8 +15,8 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
+#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/sm80/bwd_dq_accum.cuh"
-#include "kernels/sm80/bwd_fragment_utils.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_mma.cuh"
 #include "kernels/sm80/bwd_scores.cuh"
@@ -158,7 +158,7 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   Tensor tdSsdS = thr_pds.partition_D(sdS);
   // Tile-local (row, col) of each score the thread holds, for the mask and the per-row LSE / D' reads.
   const auto score_coords =
-      fragment_rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{})));
+      common::acc_rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{})));
   constexpr int kRowsPerThread = decltype(size<0>(score_coords))::value;
 
   // dV += P^T dO and dK += dS^T Q: every operand is a transposed view (ldmatrix.trans).
@@ -225,7 +225,7 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     gemm_smem_smem(mma_sdp, acc_s, rQ, rK, thr_a_sdp.partition_S(smem_q(stage)), tSsK, copy_a_sdp, copy_b_sdp);
     if constexpr (kSoftcap) apply_softcap(acc_s, scales.tanh_prescale);
     if (mask.needs_mask<kBlockM, kBlockN>(m_start, n_start)) {
-      auto acc_s_rc = fragment_rowcol_view(acc_s);
+      auto acc_s_rc = common::acc_rowcol_view(acc_s);
       mask.apply(acc_s_rc, score_coords, m_start, n_start);
     }
     Tensor rP = make_tensor<Element>(acc_s.layout());
@@ -236,7 +236,7 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     clear(acc_dp);
     gemm_smem_smem(mma_sdp, acc_dp, rdO, rV, thr_a_sdp.partition_S(smem_do(stage)), tdPsV, copy_a_sdp, copy_b_sdp);
     ds_from_dp(acc_dp, acc_s, dpsum);
-    Tensor rdS_store = convert_fragment<Element>(acc_dp);
+    Tensor rdS_store = common::convert_fragment<Element>(acc_dp);
     copy(copy_pds, thr_pds.retile_S(rdS_store), tdSsdS);
     __syncthreads();
 

@@ -11,7 +11,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "flashjax/params.h"
-#include "kernels/sm80/bwd_fragment_utils.cuh"
+#include "kernels/common/fast_math.cuh"
 #include "kernels/sm80/bwd_tile_sizes.cuh"
 
 namespace flashjax::sm80 {
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(BwdRowPassShape::kThreads) bwd_preprocess_kern
       const float lse = params.lse[lse_idx];
       dpsum = dot - (params.dlse != nullptr ? params.dlse[lse_idx] : 0.f);
       if (lse != -INFINITY) {
-        lse_log2 = lse * kLog2e;
+        lse_log2 = lse * common::kLog2e;
         if (params.sinks != nullptr) dsink = -expf(params.sinks[head] - lse) * dpsum;
       }
     }

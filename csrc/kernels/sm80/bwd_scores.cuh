@@ -8,7 +8,8 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
-#include "kernels/sm80/bwd_fragment_utils.cuh"
+#include "kernels/common/fast_math.cuh"
+#include "kernels/common/mma_fragment_layouts.cuh"
 
 namespace flashjax::sm80 {
 
@@ -23,7 +24,7 @@ struct BwdScoreScales {
   __device__ BwdScoreScales(float softmax_scale, float softcap)
       : has_softcap(softcap > 0.f),
         tanh_prescale(softcap > 0.f ? softmax_scale / softcap : 0.f),
-        exp2_scale((softcap > 0.f ? softcap : softmax_scale) * kLog2e) {}
+        exp2_scale((softcap > 0.f ? softcap : softmax_scale) * common::kLog2e) {}
 };
 
 // Accurate tanhf, as in the forward: P must be recomputed from the same logits that produced the forward's LSE,
@@ -41,8 +42,8 @@ template <bool kSoftcap, typename AccS, typename FragP, typename RowVec>
 __device__ __forceinline__ void probs_from_scores(AccS& acc_s, FragP& rP, const RowVec& lse_log2, float exp2_scale) {
   using namespace cute;
   using Element = typename FragP::value_type;
-  auto s_rc = fragment_rowcol_view(acc_s);
-  auto p_rc = fragment_rowcol_view(rP);
+  auto s_rc = common::acc_rowcol_view(acc_s);
+  auto p_rc = common::acc_rowcol_view(rP);
   cutlass::NumericArrayConverter<Element, float, 2> to_element;  // one cvt.rn.{bf16x2,f16x2}.f32 per column pair
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s_rc); ++mi) {
@@ -52,7 +53,7 @@ __device__ __forceinline__ void probs_from_scores(AccS& acc_s, FragP& rP, const 
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const float s = s_rc(mi, ni + j);
-        p[j] = exp2_ftz(s * exp2_scale - lse_log2(mi));
+        p[j] = common::exp2_ftz(s * exp2_scale - lse_log2(mi));
         // tanh' = 1 - t^2 is in [0, 1] for |t| <= 1; the clamp maps masked t = -inf to 0 instead of 0 * -inf = NaN.
         s_rc(mi, ni + j) = kSoftcap ? p[j] * fmaxf(1.f - s * s, 0.f) : p[j];
       }
@@ -67,8 +68,8 @@ __device__ __forceinline__ void probs_from_scores(AccS& acc_s, FragP& rP, const 
 template <typename AccDp, typename AccS, typename RowVec>
 __device__ __forceinline__ void ds_from_dp(AccDp& acc_dp, const AccS& dp_factor, const RowVec& dpsum) {
   using namespace cute;
-  auto dp_rc = fragment_rowcol_view(acc_dp);
-  const auto f_rc = fragment_rowcol_view(dp_factor);
+  auto dp_rc = common::acc_rowcol_view(acc_dp);
+  const auto f_rc = common::acc_rowcol_view(dp_factor);
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(dp_rc); ++mi) {
     CUTE_UNROLL
