@@ -39,26 +39,45 @@ struct OnlineSoftmax {
     static_assert(decltype(size<0>(scores))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float block_max = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
-      const float new_max = quad_allreduce(block_max, MaxOp{});
-      const float base = new_max == -INFINITY ? 0.f : new_max * exp2_scale;
-      // old_max = -inf gives exp2(-inf) = 0: the first block needs no special case (acc_o and row_sum are 0).
-      const float correction = exp2_ftz(row_max[r] * exp2_scale - base);
-      row_max[r] = new_max;
+      float correction;
+      const float base = fold_row_max(scores, r, correction);
       row_sum[r] *= correction;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= correction;
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) {
-        const float p = exp2_ftz(fmaf(scores(r, c), exp2_scale, -base));
-        scores(r, c) = p;
-        sum += p;
-      }
-      row_sum[r] += sum;
+      row_sum[r] += exponentiate_row(scores, r, base);
     }
+  }
+
+  // The two halves of one row's update, shared with kernels that rescale O elsewhere (sm90/fwd_softmax.cuh).
+  // fold_row_max: folds row r of the block into row_max and returns the exp2 base (new max in the log2 domain, 0
+  // for a row with no visible key so far, so that no -inf - (-inf) is formed); `correction` is what the row's O and
+  // sum must be multiplied by to be relative to the new max (old max = -inf gives exp2(-inf) = 0: the first block
+  // needs no special case).
+  template <typename ScoresRC>
+  __device__ __forceinline__ float fold_row_max(const ScoresRC& scores, int r, float& correction) {
+    using namespace cute;
+    float block_max = row_max[r];
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
+    const float new_max = quad_allreduce(block_max, MaxOp{});
+    const float base = new_max == -INFINITY ? 0.f : new_max * exp2_scale;
+    correction = exp2_ftz(row_max[r] * exp2_scale - base);
+    row_max[r] = new_max;
+    return base;
+  }
+
+  // exponentiate_row: replaces row r by exp2(s * exp2_scale - base) and returns this thread's sum of it.
+  template <typename ScoresRC>
+  __device__ __forceinline__ float exponentiate_row(ScoresRC& scores, int r, float base) const {
+    using namespace cute;
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(scores); ++c) {
+      const float p = exp2_ftz(fmaf(scores(r, c), exp2_scale, -base));
+      scores(r, c) = p;
+      sum += p;
+    }
+    return sum;
   }
 
   // Normalizes acc_o and returns each row's LSE in natural-log units through lse[r].

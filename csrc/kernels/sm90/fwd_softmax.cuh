@@ -9,7 +9,6 @@
 #include <cute/tensor.hpp>
 
 #include "kernels/common/band_mask.cuh"
-#include "kernels/common/fast_math.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/softcap.cuh"
 
@@ -30,38 +29,23 @@ __device__ __forceinline__ void transform_and_mask_scores(ScoresRC& scores_rc, c
 template <int kRows>
 struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
   using Base = common::OnlineSoftmax<kRows>;
-  using Base::exp2_scale;
-  using Base::row_max;
   using Base::row_sum;
   static constexpr int kNumRows = kRows;
 
   __device__ __forceinline__ explicit FwdOnlineSoftmaxSm90(float exp2_scale_) : Base(exp2_scale_) {}
 
   // Folds one block into the running row max / sum and replaces the scores by exp2(s - new_max) in the log2
-  // domain. correction[r] is what O must be multiplied by (rescale_o) to be relative to the new max. The
-  // -inf guards are the ones of common::OnlineSoftmax: a row with no visible key so far keeps row_max = -inf and
-  // takes 0 as its exp2 base, so no -inf - (-inf) is formed and its probabilities and correction are 0.
+  // domain. correction[r] is what O must be multiplied by (rescale_o) to be relative to the new max. The -inf
+  // guards are common::OnlineSoftmax's (fold_row_max).
   template <typename ScoresRC>
   __device__ __forceinline__ void update(ScoresRC& scores, float (&correction)[kRows]) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float block_max = row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
-      const float new_max = common::quad_allreduce(block_max, common::MaxOp{});
-      const float base = new_max == -INFINITY ? 0.f : new_max * exp2_scale;
-      correction[r] = common::exp2_ftz(row_max[r] * exp2_scale - base);
-      row_max[r] = new_max;
+      const float base = Base::fold_row_max(scores, r, correction[r]);
       // Summed per thread; finalize() reduces over the quad once per tile instead of once per block.
-      float sum = 0.f;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) {
-        const float p = common::exp2_ftz(fmaf(scores(r, c), exp2_scale, -base));
-        scores(r, c) = p;
-        sum += p;
-      }
+      const float sum = Base::exponentiate_row(scores, r, base);
       row_sum[r] = row_sum[r] * correction[r] + sum;
     }
   }
