@@ -18,8 +18,8 @@
 #include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/sm80/bwd_dq_accum.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
-#include "kernels/sm80/bwd_mma.cuh"
 #include "kernels/sm80/bwd_scores.cuh"
+#include "kernels/sm80/smem_gemm.cuh"
 
 namespace flashjax::sm80 {
 

@@ -17,6 +17,7 @@
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm80/fwd_layouts.cuh"
+#include "kernels/sm80/smem_gemm.cuh"
 
 namespace flashjax::sm80 {
 
@@ -34,43 +35,6 @@ __device__ __forceinline__ void copy_rows_zero_fill(const TiledCopy& tiled_copy,
     } else {
       clear(dst(_, m, _));
     }
-  }
-}
-
-// acc += A B^T with A and B in shared memory: ldmatrix loads of k-slice i + 1 are issued before the MMAs of slice i
-// so their latency hides behind tensor-core work.
-template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemA, typename SmemB,
-          typename CopyA, typename ThrCopyA, typename CopyB, typename ThrCopyB>
-__device__ __forceinline__ void gemm_smem_smem(const TiledMma& tiled_mma, Acc& acc, FragA& frag_a, FragB& frag_b,
-                                               const SmemA& smem_a, const SmemB& smem_b, const CopyA& copy_a,
-                                               const ThrCopyA&, const CopyB& copy_b, const ThrCopyB&) {
-  using namespace cute;
-  auto frag_a_view = ThrCopyA::retile_D(frag_a);
-  auto frag_b_view = ThrCopyB::retile_D(frag_b);
-  copy(copy_a, smem_a(_, _, 0), frag_a_view(_, _, 0));
-  copy(copy_b, smem_b(_, _, 0), frag_b_view(_, _, 0));
-  CUTE_UNROLL
-  for (int i = 0; i < size<2>(frag_a); ++i) {
-    if (i + 1 < size<2>(frag_a)) {
-      copy(copy_a, smem_a(_, _, i + 1), frag_a_view(_, _, i + 1));
-      copy(copy_b, smem_b(_, _, i + 1), frag_b_view(_, _, i + 1));
-    }
-    gemm(tiled_mma, frag_a(_, _, i), frag_b(_, _, i), acc);
-  }
-}
-
-// acc += A B^T with A already in registers and B streamed from shared memory one k-slice ahead.
-template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemB, typename CopyB,
-          typename ThrCopyB>
-__device__ __forceinline__ void gemm_reg_smem(const TiledMma& tiled_mma, Acc& acc, const FragA& frag_a, FragB& frag_b,
-                                              const SmemB& smem_b, const CopyB& copy_b, const ThrCopyB&) {
-  using namespace cute;
-  auto frag_b_view = ThrCopyB::retile_D(frag_b);
-  copy(copy_b, smem_b(_, _, 0), frag_b_view(_, _, 0));
-  CUTE_UNROLL
-  for (int i = 0; i < size<2>(frag_a); ++i) {
-    if (i + 1 < size<2>(frag_a)) copy(copy_b, smem_b(_, _, i + 1), frag_b_view(_, _, i + 1));
-    gemm(tiled_mma, frag_a(_, _, i), frag_b(_, _, i), acc);
   }
 }
 
@@ -158,8 +122,7 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
     load_v(apply_mask, n_block);
     cute::cp_async_fence();
 
-    gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_thr_copy_q, smem_copy_k,
-                   smem_thr_copy_k);
+    gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
     if constexpr (kSoftcap) args.transform.apply_softcap(acc_s);
     Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
     if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
@@ -175,7 +138,7 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
     softmax.update(acc_s_rc, acc_o_rc);
     Tensor p = common::convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), common::acc_as_a_operand_layout(p.layout()));
-    gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v, smem_thr_copy_v);
+    gemm_reg_smem(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v);
   };
 
   const common::KvBlockRange& blocks = args.blocks;

@@ -1,4 +1,5 @@
-// One CTA-wide GEMM step of the sm80 backward: acc += A * B with both operands in shared memory.
+// CTA-wide GEMM steps of the sm80 family (forward and backward): acc += A * B with the operands in shared memory
+// (ldmatrix through tiled copies) or A already in registers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -25,6 +26,21 @@ __device__ __forceinline__ void gemm_smem_smem(const TiledMma& tiled_mma, Acc& a
       copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1));
       copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
     }
+    gemm(tiled_mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// acc += A * B with A already in registers (e.g. P of the forward) and B streamed from shared memory one k-slice
+// ahead.
+template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemB, typename CopyB>
+__device__ __forceinline__ void gemm_reg_smem(const TiledMma& tiled_mma, Acc& acc, const FragA& rA, FragB& rB,
+                                              const SmemB& sB, const CopyB& copy_b) {
+  using namespace cute;
+  auto rB_view = make_tensor(rB.data(), CopyB::retile(rB.layout()));
+  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
     gemm(tiled_mma, rA(_, _, k), rB(_, _, k), acc);
   }
 }
