@@ -51,8 +51,10 @@ struct FwdTileSchedulerSm90 {
       auto blocks_of = [&](int m_block) {
         return band.template kv_blocks<kBlockM, kBlockN>(m_block * kBlockM).num_blocks();
       };
-      last_first = blocks_of(num_m_blocks - 1) > blocks_of(0);
-      uneven = blocks_of(num_m_blocks - 1) != blocks_of(0);
+      const int first_blocks = blocks_of(0);
+      const int last_blocks = blocks_of(num_m_blocks - 1);
+      last_first = last_blocks > first_blocks;
+      uneven = last_blocks != first_blocks;
     }
     return {num_m_blocks, shape.heads_q, num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles), last_first,
             uneven && num_tiles >= 2 * int64_t(num_sms)};
