@@ -50,12 +50,12 @@ for hdim in "${head_dims[@]}"; do
     cat >"$work/smem_size.cu" <<CU
 #include <cstdio>
 #include "kernels/sm90/fwd_launch.cuh"
-template <bool kBanded>
+template <bool kManyKeys>
 void print_config() {
   using namespace flashjax::sm90;
-  constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kBanded);
+  constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kManyKeys);
   using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_m, kTile.block_n>;
-  std::printf("   %s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", kBanded ? "banded  " : "unbanded",
+  std::printf("   %s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", kManyKeys ? "many-keys" : "few-keys ",
               kTile.block_m, kTile.block_n, Kernel::kSmemBytes);
 }
 int main() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]   stages: build info tests tests80 sanitize bench (default: all but build)
+#   tools/device_check.sh [stage ...]   stages: build info tests tests80 sanitize bench ncu (default: all but build and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
 #   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
@@ -94,10 +94,33 @@ if stage bench; then
   done
 fi
 
+if stage ncu; then
+  # Nsight Compute on one launch of flashjax's forward kernel per spec "mode:row" (mode as for the tests; row a
+  # bench.py row name), e.g. NCU_SPECS="default:d128-s4096-full sm80:d64-s512-causal". Full section set; the
+  # details page and tools/ncu_summary.py's stall summary land in $OUT/ncu_*.txt, the report and the per-SASS-line
+  # source page in $OUT/ncu_*.tgz.
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for spec in ${NCU_SPECS:-default:d128-s4096-full}; do
+    mode=${spec%%:*}; row=${spec#*:}; tag="ncu_${mode}_${row//[^A-Za-z0-9]/_}"
+    FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$mode")" timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
+      --import-source no --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-fwd_kernel_sm}" \
+      --launch-skip 2 --launch-count 1 -f -o "$OUT/$tag" \
+      $PY bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
+    rc=$?
+    { "$NCU" -i "$OUT/$tag.ncu-rep" --page details; PATH="$(dirname "$NCU"):$PATH" $PY tools/ncu_summary.py "$OUT/$tag.ncu-rep"; } \
+      > "$OUT/$tag.txt" 2>&1
+    "$NCU" -i "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.source.csv" 2>&1
+    # The device tool returns at most 8 files: one archive per spec.
+    tar -C "$OUT" -czf "$OUT/$tag.tgz" "$tag.ncu-rep" "$tag.source.csv" "$tag.log" && rm -f "$OUT/$tag.ncu-rep" "$OUT/$tag.source.csv" "$OUT/$tag.log"
+    record "$tag" "rc $rc, $(grep -E '^ +Duration' "$OUT/$tag.txt" | head -1 | tr -s ' ')"
+  done
+fi
+
 echo
 echo "================ summary ================"
 for key in build info tests_default tests_sm80 sanitize memcheck_default memcheck_sm80 racecheck_default \
-           racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80; do
+           racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
+           $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
 done
 for mode in default sm80; do

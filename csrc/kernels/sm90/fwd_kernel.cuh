@@ -45,23 +45,32 @@ struct FwdSharedStorageSm90<Mainloop, false> {
   typename Mainloop::BarrierStorage barriers;
 };
 
-// kBlockN comes from fwd_tile_sizes (the launcher picks between its banded and unbanded answers).
+// How a kernel configuration spends the shared memory left after its tiles' first buffers (see FwdKernelSm90).
+struct FwdBufferPlan {
+  int q_stages;  // 2: the next tile's Q loads while this tile computes; 1: once this tile's last Q K^T is done
+  int k_stages;  // K ring depth (V always has 2)
+  bool own_o;    // O staged in a buffer of its own; else in the tile's Q buffer, freed only after the O store
+};
+
+// kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its two answers).
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
 struct FwdKernelSm90 {
-  // Two K and two V stages: the load of block j - 1 overlaps the GEMMs of block j; FA3 measured more stages as
-  // no faster, and at D = 256 they would not fit.
-  template <int kQStages>
-  using MainloopWithQStages = FwdMainloopSm90<Element, kHeadDim, kBlockN, 2, kBlockM / 64, kQStages>;
-
-  // Shared memory decides how tiles hand over, best first:
-  //   two Q buffers and O's own staging buffer: the next tile's Q loads while this tile computes;
-  //   one Q buffer and O's own staging buffer: the next Q loads once this tile's last Q K^T is done;
-  //   one Q buffer that O is staged in: the next Q loads after this tile's epilogue.
+  // The first plan whose shared memory fits is taken. A third K stage comes first: K is waited on right after the
+  // ping-pong turn is granted, so a late K idles the tensor cores (ncu on D = 128 S = 4k: 6% of all warp samples
+  // waited on a K stage with two), while V is waited on one GEMM later. Two V stages let the load of block j - 1
+  // overlap the GEMMs of block j. Then two Q buffers (no bubble between tiles), then O's own staging buffer.
+  static constexpr FwdBufferPlan kPlans[] = {
+      {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
+  template <int kPlan>
+  using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
+                                     kPlans[kPlan].q_stages>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
-  static constexpr bool kTwoQBuffers = sizeof(FwdSharedStorageSm90<MainloopWithQStages<2>, true>) <= kSmemLimitBytes;
-  static constexpr bool kOwnOBuffer =
-      kTwoQBuffers || sizeof(FwdSharedStorageSm90<MainloopWithQStages<1>, true>) <= kSmemLimitBytes;
-  using Mainloop = MainloopWithQStages<kTwoQBuffers ? 2 : 1>;
+  template <int kPlan>
+  static constexpr bool kPlanFits =
+      sizeof(FwdSharedStorageSm90<MainloopOf<kPlan>, kPlans[kPlan].own_o>) <= kSmemLimitBytes;
+  static constexpr int kPlan = kPlanFits<0> ? 0 : kPlanFits<1> ? 1 : kPlanFits<2> ? 2 : kPlanFits<3> ? 3 : 4;
+  static constexpr bool kOwnOBuffer = kPlans[kPlan].own_o;
+  using Mainloop = MainloopOf<kPlan>;
   using Epilogue = FwdEpilogueSm90<Mainloop>;
   using Scheduler = FwdTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN>;
   static_assert(kBlockM == Mainloop::kBlockM, "the M tile is whole 64-row consumer warpgroups");
@@ -99,6 +108,18 @@ struct FwdKernelSm90 {
   };
 };
 
+// Parameters of K's and V's TMA pipelines (each PipelineTmaAsync depth has a Params type of its own).
+template <typename Pipeline, typename Kernel>
+__device__ typename Pipeline::Params kv_pipeline_params(bool is_producer) {
+  typename Pipeline::Params params;
+  params.transaction_bytes = Kernel::Mainloop::kTmaBytesKV;
+  params.role = is_producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  params.is_leader = threadIdx.x == 0;
+  // Every consumer thread releases a stage after its own wgmma wait, so none relies on its warpgroup being in step.
+  params.num_consumers = Kernel::kConsumerThreads;
+  return params;
+}
+
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)
     fwd_kernel_sm90(const __grid_constant__ typename Kernel::Params params) {
@@ -109,8 +130,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   using Mainloop = typename Kernel::Mainloop;
   using Epilogue = typename Kernel::Epilogue;
   using Scheduler = typename Kernel::Scheduler;
-  using PipelineKV = typename Mainloop::PipelineKV;
-  using PipelineState = typename Mainloop::PipelineState;
+  using PipelineK = typename Mainloop::PipelineK;
+  using PipelineV = typename Mainloop::PipelineV;
   constexpr int kBlockM = Mainloop::kBlockM;
   constexpr int kBlockN = Mainloop::kBlockN;
 
@@ -122,14 +143,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   if (threadIdx.x == 0) {
     for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
   }
-  typename PipelineKV::Params pipeline_params;
-  pipeline_params.transaction_bytes = Mainloop::kTmaBytesKV;
-  pipeline_params.role = is_producer ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
-  pipeline_params.is_leader = threadIdx.x == 0;
-  // Every consumer thread releases a stage after its own wgmma wait, so none relies on its warpgroup being in step.
-  pipeline_params.num_consumers = Kernel::kConsumerThreads;
-  PipelineKV pipeline_k(shared.barriers.k, pipeline_params, Shape<_1, _1, _1>{});
-  PipelineKV pipeline_v(shared.barriers.v, pipeline_params, Shape<_1, _1, _1>{});
+  PipelineK pipeline_k(shared.barriers.k, kv_pipeline_params<PipelineK, Kernel>(is_producer), Shape<_1, _1, _1>{});
+  PipelineV pipeline_v(shared.barriers.v, kv_pipeline_params<PipelineV, Kernel>(is_producer), Shape<_1, _1, _1>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();  // barrier initialization visible to every thread (and to TMA) before first use
 
@@ -143,7 +158,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       Mainloop::prefetch_tma_descriptors(params.mainloop);
       Epilogue::prefetch_tma_descriptors(params.epilogue);
     }
-    PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
+    auto write_k = cutlass::make_producer_start_state<PipelineK>();
+    auto write_v = cutlass::make_producer_start_state<PipelineV>();
     int tiles_with_work = 0;
     for (int tile_index = Scheduler::first_tile(params.scheduler, blockIdx.x);
          tile_index < params.scheduler.num_tiles;
@@ -151,7 +167,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
       const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
       if (blocks.empty()) continue;
-      Mainloop::load(params.mainloop, shared.tensors, shared.barriers, pipeline_k, pipeline_v, write, leader,
+      Mainloop::load(params.mainloop, shared.tensors, shared.barriers, pipeline_k, pipeline_v, write_k, write_v, leader,
                      typename Mainloop::QuerySlot(tiles_with_work++), tile.m_block, tile.head_q,
                      tile.head_q / params.heads_per_kv, tile.batch, blocks);
     }
@@ -162,7 +178,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int consumer_wg = warpgroup - 1;
   const int thread_in_wg = threadIdx.x % 128;
   const common::ScoreTransform transform(params.softmax_scale, params.softcap);
-  PipelineState read_k, read_v;
+  typename Mainloop::StateK read_k;
+  typename Mainloop::StateV read_v;
   int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
   // One arrival per tile with work, plus one per buffer now (they start free): see Mainloop::load.
   auto arrive_query_empty = [](int q_buffer) {

@@ -31,6 +31,18 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
          ok(batch_stride * kBytes);
 }
 
+// Whether the call's query rows see many keys (fwd_tile_sizes' many_keys): more than one 128-row tile of queries,
+// and either no band or a band whose middle query row sees at least 2048 keys (about the mean over the rows for
+// causal and sliding-window bands). The normalized band drops a side that excludes nothing, so e.g. a window wider
+// than the sequence counts as no band.
+inline bool many_keys(const FwdParams& params) {
+  if (params.seqlen_q <= 128) return false;
+  const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
+  if (band.left < 0 && band.right < 0) return true;
+  const int middle_row = params.seqlen_q / 2;
+  return band.col_end(middle_row) - band.col_begin(middle_row) >= 2048;
+}
+
 // One tile configuration: TMA descriptors, persistent grid, launch.
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
@@ -101,29 +113,26 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
-  constexpr FwdTileSizes kBanded = fwd_tile_sizes(kHeadDim, /*banded=*/true);
-  constexpr FwdTileSizes kUnbanded = fwd_tile_sizes(kHeadDim, /*banded=*/false);
-  if constexpr (kBanded.block_m == kUnbanded.block_m && kBanded.block_n == kUnbanded.block_n) {
-    return detail::launch_fwd<Element, kHeadDim, kBanded.block_m, kBanded.block_n>(params, stream);
+  constexpr FwdTileSizes kFewKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/false);
+  constexpr FwdTileSizes kManyKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/true);
+  if constexpr (kFewKeys.block_m == kManyKeys.block_m && kFewKeys.block_n == kManyKeys.block_n) {
+    return detail::launch_fwd<Element, kHeadDim, kFewKeys.block_m, kFewKeys.block_n>(params, stream);
   } else {
-    // The normalized band (a side that excludes nothing is dropped), so e.g. a window wider than the sequence
-    // takes the unbanded tile.
-    const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-    return band.left >= 0 || band.right >= 0
-               ? detail::launch_fwd<Element, kHeadDim, kBanded.block_m, kBanded.block_n>(params, stream)
-               : detail::launch_fwd<Element, kHeadDim, kUnbanded.block_m, kUnbanded.block_n>(params, stream);
+    return detail::many_keys(params)
+               ? detail::launch_fwd<Element, kHeadDim, kManyKeys.block_m, kManyKeys.block_n>(params, stream)
+               : detail::launch_fwd<Element, kHeadDim, kFewKeys.block_m, kFewKeys.block_n>(params, stream);
   }
 }
 
-// Declared in launch.h: the most dynamic shared memory any launch of run_fwd requests, i.e. the larger of the
-// banded and the unbanded tile's kernel (launch_fwd launches FwdKernelSm90 with its kSmemBytes).
+// Declared in launch.h: the most dynamic shared memory any launch of run_fwd requests, i.e. the larger of its two
+// tiles' kernels (launch_fwd launches FwdKernelSm90 with its kSmemBytes).
 template <typename Element, int kHeadDim>
 int fwd_smem_bytes() {
-  constexpr FwdTileSizes kBanded = fwd_tile_sizes(kHeadDim, /*banded=*/true);
-  constexpr FwdTileSizes kUnbanded = fwd_tile_sizes(kHeadDim, /*banded=*/false);
-  constexpr int kBandedBytes = FwdKernelSm90<Element, kHeadDim, kBanded.block_m, kBanded.block_n>::kSmemBytes;
-  constexpr int kUnbandedBytes = FwdKernelSm90<Element, kHeadDim, kUnbanded.block_m, kUnbanded.block_n>::kSmemBytes;
-  return kBandedBytes > kUnbandedBytes ? kBandedBytes : kUnbandedBytes;
+  constexpr FwdTileSizes kFewKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/false);
+  constexpr FwdTileSizes kManyKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/true);
+  constexpr int kFewKeysBytes = FwdKernelSm90<Element, kHeadDim, kFewKeys.block_m, kFewKeys.block_n>::kSmemBytes;
+  constexpr int kManyKeysBytes = FwdKernelSm90<Element, kHeadDim, kManyKeys.block_m, kManyKeys.block_n>::kSmemBytes;
+  return kFewKeysBytes > kManyKeysBytes ? kFewKeysBytes : kManyKeysBytes;
 }
 
 }  // namespace flashjax::sm90

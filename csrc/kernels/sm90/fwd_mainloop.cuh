@@ -4,8 +4,8 @@
 // Data flow per tile (consumer warpgroup w owns query rows 64w .. 64w + 63):
 //   Q:   one TMA per 64-row part into one of kQStages Q buffers, completing on that buffer's mbarrier (one phase
 //        per use); with two buffers the next tile's Q loads while this tile still computes;
-//   K/V: kStages-deep ring buffers, each stage a TMA completing on the full mbarrier of a cutlass::PipelineTmaAsync
-//        and released by every consumer thread once the wgmma reading it has been waited on.
+//   K/V: kStagesK- and kStagesV-deep ring buffers, each stage a TMA completing on the full mbarrier of a
+//        cutlass::PipelineTmaAsync and released by every consumer thread once the wgmma reading it has been waited on.
 // KV blocks are visited in common::KvBlockRange::block_at order, the blocks that need the per-element mask first.
 // Rows past Sq and keys past Sk are zero-filled by TMA: their scores are finite, the rows are never stored and the
 // band mask (which bounds columns by Sk) hides the keys.
@@ -24,12 +24,16 @@
 
 namespace flashjax::sm90 {
 
-template <typename Element_, int kHeadDim_, int kBlockN_, int kStages_, int kConsumerWarpgroups_, int kQStages_>
+template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
+          int kQStages_>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStages = kStages_;
+  static constexpr int kStagesK = kStagesK_;
+  static constexpr int kStagesV = kStagesV_;
+  static constexpr int kKLead = kStagesK - 1;  // how many blocks K loads run ahead of V loads (see load())
+  static_assert(kKLead >= 1 && kStagesV >= 2);
   static constexpr int kRowsPerWarpgroup = 64;  // the M of one wgmma
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kQStages = kQStages_;
@@ -40,7 +44,8 @@ struct FwdMainloopSm90 {
   using HeadDim = cute::Int<kHeadDim>;
   using BlockN = cute::Int<kBlockN>;
   using WgRows = cute::Int<kRowsPerWarpgroup>;
-  using Stages = cute::Int<kStages>;
+  using StagesK = cute::Int<kStagesK>;
+  using StagesV = cute::Int<kStagesV>;
 
   // One warpgroup's GEMMs: S = Q K^T with both operands in shared memory (SS), O += P V with P in registers (RS).
   // V is stored as loaded (D contiguous), which makes it the MN-major B operand of P V.
@@ -56,11 +61,11 @@ struct FwdMainloopSm90 {
   using SmemLayoutQHalf = decltype(cute::tile_to_shape(SmemLayoutAtomQ{}, cute::Shape<WgRows, HeadDim>{}));
   using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
                                                                                        BlockN, HeadDim>());
-  using SmemLayoutK = decltype(cute::tile_to_shape(SmemLayoutAtomK{}, cute::Shape<BlockN, HeadDim, Stages>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemLayoutAtomK{}, cute::Shape<BlockN, HeadDim, StagesK>{}));
   // V^T view (D, kBlockN, stage) of the row-major V tile: D is the contiguous (MN) mode.
   using SmemLayoutAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::MN,
                                                                                         Element, HeadDim, BlockN>());
-  using SmemLayoutVt = decltype(cute::tile_to_shape(SmemLayoutAtomVt{}, cute::Shape<HeadDim, BlockN, Stages>{},
+  using SmemLayoutVt = decltype(cute::tile_to_shape(SmemLayoutAtomVt{}, cute::Shape<HeadDim, BlockN, StagesV>{},
                                                     cute::Step<cute::_2, cute::_1, cute::_3>{}));
 
   static constexpr int kQHalfElems = cute::cosize_v<SmemLayoutQHalf>;  // one warpgroup's 64 rows
@@ -77,11 +82,13 @@ struct FwdMainloopSm90 {
     cute::array_aligned<Element, kQElems, 1024> o;
   };
 
-  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
-  using PipelineState = cutlass::PipelineState<kStages>;
+  using PipelineK = cutlass::PipelineTmaAsync<kStagesK>;
+  using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
+  using StateK = cutlass::PipelineState<kStagesK>;
+  using StateV = cutlass::PipelineState<kStagesV>;
   struct BarrierStorage {
-    typename PipelineKV::SharedStorage k;
-    typename PipelineKV::SharedStorage v;
+    typename PipelineK::SharedStorage k;
+    typename PipelineV::SharedStorage v;
     cutlass::arch::ClusterTransactionBarrier q[kQStages];
   };
 
@@ -150,8 +157,14 @@ struct FwdMainloopSm90 {
 
   // Producer side of one tile with work (blocks not empty), run by the whole producer warp; `leader` (one lane)
   // issues every TMA and pipeline operation. Load order, with b(t) = blocks.block_at(t): K of b(0), then Q (once
-  // the consumers have freed its buffer: QueryEmpty), then K of b(t) and V of b(t - 1) alternately, ending with V of
-  // the last block: exactly the order the consumers wait in, which with per-stage empty barriers cannot deadlock.
+  // the consumers have freed its buffer: QueryEmpty), then K of b(t) and V of b(t - kKLead) alternately, ending
+  // with the last V's. The consumers wait for K of b(t), then V of b(t - 1); every stage the producer acquires is
+  // freed by consumer work that needs only loads issued before it, so this cannot deadlock.
+  //
+  // K runs kKLead = kStagesK - 1 blocks ahead of V. With one block (the order the consumers wait in), the K load
+  // for block t + 1 queued behind the V load of block t - 1, whose stage frees only when the slower warpgroup ends
+  // block t - 2's P V: ncu at D = 128 found the consumers waiting for K on 6% of all warp samples, with two or
+  // three K stages alike. With a third K stage the K loads no longer wait for V stages.
   // Tiles with no KV block load nothing and take no part in the Q hand-off (their epilogue does not use shared
   // memory: fwd_epilogue.cuh).
   //
@@ -160,7 +173,8 @@ struct FwdMainloopSm90 {
   // comes after they waited for Q_n, which the producer loaded after its sync for tile n, so they can never be two
   // arrivals ahead on one barrier (a named barrier cannot tell two phases' arrivals apart).
   __device__ static void load(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
-                              PipelineKV& pipeline_k, PipelineKV& pipeline_v, PipelineState& write, bool leader,
+                              PipelineK& pipeline_k, PipelineV& pipeline_v, StateK& write_k, StateV& write_v,
+                              bool leader,
                               const QuerySlot& q_slot, int m_block, int head_q, int head_k, int batch,
                               const common::KvBlockRange& blocks) {
     using namespace cute;
@@ -186,23 +200,26 @@ struct FwdMainloopSm90 {
 
     // K/V are re-read by every query tile of the head (and every query head of a GQA group): keep them in L2.
     // Q is read by this tile only (EVICT_FIRST below).
-    // K and V advance through their (equally deep) pipelines in step, V one load behind K, so one state serves
-    // both: V of block b(t - 1) goes to the stage K of b(t - 1) used. The whole warp walks the loop and keeps the
-    // state (uniform control flow); only the leader issues.
-    auto load_k = [&](int n_block, const PipelineState& state) {
-      if (!leader) return;
-      pipeline_k.producer_acquire(state);
-      copy(params.tma_k.with(*pipeline_k.producer_get_barrier(state), 0, TMA::CacheHintSm90::EVICT_LAST),
-           tKgK(_, n_block), tKsK(_, state.index()));
+    // K and V have pipelines of their own (K may be deeper: it is needed first); the whole warp walks the loop and
+    // keeps the states (uniform control flow), only the leader issues.
+    auto load_k = [&](int n_block) {
+      if (leader) {
+        pipeline_k.producer_acquire(write_k);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tKgK(_, n_block), tKsK(_, write_k.index()));
+      }
+      ++write_k;
     };
-    auto load_v = [&](int n_block, const PipelineState& state) {
-      if (!leader) return;
-      pipeline_v.producer_acquire(state);
-      copy(params.tma_vt.with(*pipeline_v.producer_get_barrier(state), 0, TMA::CacheHintSm90::EVICT_LAST),
-           tVgV(_, n_block), tVsV(_, state.index()));
+    auto load_v = [&](int n_block) {
+      if (leader) {
+        pipeline_v.producer_acquire(write_v);
+        copy(params.tma_vt.with(*pipeline_v.producer_get_barrier(write_v), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tVgV(_, n_block), tVsV(_, write_v.index()));
+      }
+      ++write_v;
     };
 
-    load_k(blocks.block_at(0), write);
+    load_k(blocks.block_at(0));
     __syncwarp();
     cutlass::arch::NamedBarrier::sync(kProducerAndConsumerThreads, FwdNamedBarrier::query_empty(q_slot.buffer));
     if (leader) {
@@ -219,14 +236,10 @@ struct FwdMainloopSm90 {
       }
     }
     const int num_blocks = blocks.num_blocks();
-    for (int t = 1; t < num_blocks; ++t) {
-      const PipelineState previous = write;
-      ++write;
-      load_k(blocks.block_at(t), write);
-      load_v(blocks.block_at(t - 1), previous);
+    for (int t = 1; t < num_blocks + kKLead; ++t) {
+      if (t < num_blocks) load_k(blocks.block_at(t));
+      if (t >= kKLead) load_v(blocks.block_at(t - kKLead));
     }
-    load_v(blocks.block_at(num_blocks - 1), write);
-    ++write;
     __syncwarp();
   }
 
@@ -239,8 +252,8 @@ struct FwdMainloopSm90 {
   //   wait for S_t, release K_t; softcap, mask, online softmax of S_t   (overlaps the PV GEMM)
   //   wait for the PV GEMM, release V_{t-1}; rescale O; P_t = bf16/fp16(S_t)
   template <typename AccO, typename Softmax>
-  __device__ static void mma(TensorStorage& tensors, BarrierStorage& barriers, PipelineKV& pipeline_k,
-                             PipelineKV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
+  __device__ static void mma(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
+                             PipelineV& pipeline_v, StateK& read_k, StateV& read_v,
                              const QuerySlot& q_slot, int warpgroup, int thread_in_wg,
                              const common::KvBlockRange& blocks,
                              const common::TileMask& tile_mask, const common::ScoreTransform& transform, AccO& acc_o,
@@ -274,7 +287,7 @@ struct FwdMainloopSm90 {
                                 blocks.block_at(t) * kBlockN);
       softmax.update(tSrS_rc, correction);
     };
-    auto release = [](PipelineKV& pipeline, PipelineState& state) {
+    auto release = [](auto& pipeline, auto& state) {
       pipeline.consumer_release(state);
       ++state;
     };

@@ -1,12 +1,14 @@
-// Tile sizes of the sm90 forward kernel: one pure function of the head dim and of whether the call has a band
-// (causal or a window). Where the two answers differ, the instantiation holds both kernels and picks at launch.
+// Tile sizes of the sm90 forward kernel: one pure function of the head dim and of whether the call's query rows
+// see many keys (see fwd_launch.cuh's many_keys). Where the two answers differ, the instantiation holds both
+// kernels and picks at launch.
 //
 // kBlockM is 64 query rows (one wgmma M atom) per consumer warpgroup, two or three of them taking turns on the
 // tensor cores (ping-pong). kBlockN (keys per mainloop step) is bounded by
 //   shared memory: Q (128 x D) + 2 stages of K and of V (kBlockN x D each), 2 bytes per element, <= 227 KB
 //                  (plus O's staging buffer and a second Q buffer where they fit: FwdKernelSm90);
 //   registers:     per consumer thread S (64 x kBlockN / 128 fp32) + P (half of S, 16-bit) + O (64 x D / 128 fp32)
-//                  under the 240 that setmaxnreg grants, with S of the next block live next to P (overlap);
+//                  under the 240 (two consumer warpgroups) or 160 (three) that setmaxnreg grants, with S of the
+//                  next block live next to P (overlap);
 //   the wgmma shapes: kBlockN is the N of S = Q K^T (a multiple of 8) and the K of O += P V (a multiple of 16).
 // fp16 and bf16 share sizes and wgmma shapes, so the element type does not change the choice.
 #pragma once
@@ -18,15 +20,21 @@ struct FwdTileSizes {
   int block_n;
 };
 
-constexpr FwdTileSizes fwd_tile_sizes(int head_dim, bool banded) {
-  // D = 64 / 96: smem is small (80 / 112 KB), so kBlockN = 128 is bounded by the exp2 work per row that the
-  // ping-pong has to hide; S 64 + P 32 + O 32 / 48 registers. (FA3 runs D = 64 as 192 x 128 with three consumer
-  // warpgroups; here that measured 15% slower than 128 x 128 at S = 1k causal: bench/NOTES.md, v3.)
+constexpr FwdTileSizes fwd_tile_sizes(int head_dim, bool many_keys) {
+  // D = 64: the exp2 work per key is as large as the GEMM work (64 x 128 exponentials per warpgroup and block
+  // take the SFU as long as the block's two GEMMs take the tensor cores), so a third consumer warpgroup (FA3's
+  // 192 x 128; S 64 + P 32 + O 32 registers under 160) keeps the tensor cores fed while two others exponentiate:
+  // +7-11% over 128 x 128 on every non-causal row and +4-6% on causal rows from S = 4k. With few keys per row
+  // the 192-row tile loses (masking: a 192-row tile straddles 2-3 blocks of a causal diagonal, a 128-row one 1;
+  // and a longer fill and drain per tile): -20-30% on causal S = 512-2k. bench/NOTES.md, v4.
+  if (head_dim <= 64) return many_keys ? FwdTileSizes{192, 128} : FwdTileSizes{128, 128};
+  // D = 96: smem is small (112 KB); S 64 + P 32 + O 48 registers. (Three warpgroups would leave 160 registers for
+  // 144 of fragments: not tried.)
   if (head_dim <= 96) return {128, 128};
-  // D = 128: 128 keys per step with or without a band (160 KB; S 64 + P 32 + O 64 registers). FA3 takes 176
-  // without a band (208 KB) to spread per-step costs over more keys; here the smaller tile leaves room for a second
-  // Q buffer and O's own staging buffer (224 KB), so consecutive tiles overlap, and measured 1-2% faster at
-  // S = 2k-8k (bench/NOTES.md, v3).
+  // D = 128: 128 keys per step (160 KB; S 64 + P 32 + O 64 registers). FA3 takes 176 without a band (208 KB) to
+  // spread per-step costs over more keys; here the smaller tile leaves room for a second Q buffer and O's own
+  // staging buffer (224 KB), so consecutive tiles overlap, and measured 1-2% faster at S = 2k-8k (bench/NOTES.md,
+  // v3).
   if (head_dim <= 128) return {128, 128};
   // D = 192: Q 48 + K 84 + V 84 = 216 KB, the largest multiple of 16 that fits; S 56 + P 28 + O 96 registers.
   if (head_dim <= 192) return {128, 112};
