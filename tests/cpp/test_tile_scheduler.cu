@@ -11,9 +11,9 @@
 namespace flashjax::sm90 {
 namespace {
 
+// The tile most calls take; EveryTileOnceForEveryShape also walks D = 64's 192-row tile.
 constexpr int kBlockM = 128;
 constexpr int kBlockN = 128;
-using Scheduler = FwdTileSchedulerSm90<kBlockM, kBlockN>;
 
 AttnShape make_shape(int batch, int heads, int sq, int sk, int left, int right) {
   AttnShape shape{};
@@ -34,11 +34,14 @@ struct Walk {
 };
 
 // Walks every CTA of the launch grid and checks coverage; returns the work per CTA.
+template <int kTileM = kBlockM, int kTileN = kBlockN>
 Walk walk_all(const AttnShape& shape, int num_sms) {
+  using Scheduler = FwdTileSchedulerSm90<kTileM, kTileN>;
   SCOPED_TRACE(::testing::Message() << "B " << shape.batch << " H " << shape.heads_q << " Sq " << shape.seqlen_q
                                     << " Sk " << shape.seqlen_k << " window (" << shape.window_left << ", "
-                                    << shape.window_right << ") SMs " << num_sms);
-  const Scheduler::Params params = Scheduler::to_params(shape, num_sms);
+                                    << shape.window_right << ") SMs " << num_sms << " tile " << kTileM << "x"
+                                    << kTileN);
+  const typename Scheduler::Params params = Scheduler::to_params(shape, num_sms);
   const int grid = Scheduler::grid_size(params, num_sms);
   const common::BandMask band(shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right);
   EXPECT_GE(grid, params.num_tiles > 0 ? 1 : 0);
@@ -52,7 +55,7 @@ Walk walk_all(const AttnShape& shape, int num_sms) {
     double work = 0;
     for (int t = Scheduler::first_tile(params, cta); t < params.num_tiles; t = Scheduler::next_tile(params, t, grid)) {
       ++tile_seen[t];
-      const Scheduler::Tile tile = Scheduler::tile(params, t);
+      const typename Scheduler::Tile tile = Scheduler::tile(params, t);
       EXPECT_GE(tile.m_block, 0);
       EXPECT_LT(tile.m_block, params.num_m_blocks);
       EXPECT_GE(tile.head_q, 0);
@@ -60,7 +63,7 @@ Walk walk_all(const AttnShape& shape, int num_sms) {
       EXPECT_GE(tile.batch, 0);
       EXPECT_LT(tile.batch, shape.batch);
       ++coord_seen[(tile.batch * shape.heads_q + tile.head_q) * params.num_m_blocks + tile.m_block];
-      work += band.kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM).num_blocks();
+      work += band.template kv_blocks<kTileM, kTileN>(tile.m_block * kTileM).num_blocks();
     }
     result.max_work = std::max(result.max_work, work);
     total += work;
@@ -80,6 +83,7 @@ TEST(Sm90TileScheduler, EveryTileOnceForEveryShape) {
         for (auto [left, right] : {std::pair{-1, -1}, {-1, 0}, {256, 0}, {0, 0}, {100, 300}}) {
           for (auto [batch, heads] : {std::pair{1, 1}, {2, 3}, {4, 16}}) {
             walk_all(make_shape(batch, heads, sq, sk, left, right), sms);
+            walk_all<192, 128>(make_shape(batch, heads, sq, sk, left, right), sms);
           }
         }
       }

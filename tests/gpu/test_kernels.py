@@ -35,6 +35,30 @@ def test_sweep(index):
     assert not bad, f"{cfg} (seed {SEED}, index {index}): {bad}; all errors {errors}"
 
 
+# Shapes the random sweep rarely draws, each reaching one of the sm90 forward's launch-time choices on purpose
+# (csrc/kernels/sm90: fwd_launch.cuh's many_keys picks D 64's tile, fwd_mainloop.cuh's load() the K lead per tile):
+# D 64 causal long enough for 192-row tiles (the middle row sees >= 2048 keys) and short enough for 128-row ones,
+# an unbanded D 64 call (192 rows), a sliding window with >= 2048 keys per row, D 128 causal with tiles of 1 to
+# 24 KV blocks (both K leads in one launch), and D 128 non-causal with 24-block tiles.
+TILE_CHOICE_CASES = [
+    sweep.Config("bfloat16", 1, 4500, 4500, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
+    sweep.Config("float16", 2, 1000, 1000, 2, 1, 64, 64, True, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 2, 300, 700, 4, 4, 64, 64, False, (-1, -1), False, 5.0),
+    sweep.Config("bfloat16", 1, 5000, 5000, 2, 1, 64, 64, False, (2500, 0), False, 0.0),
+    sweep.Config("bfloat16", 1, 3001, 3001, 4, 1, 128, 128, True, (-1, -1), True, 0.0),
+    sweep.Config("float16", 1, 1000, 3001, 2, 2, 128, 128, False, (-1, -1), False, 0.0),
+]
+
+
+@pytest.mark.parametrize("cfg", TILE_CHOICE_CASES, ids=str)
+def test_tile_choices(cfg):
+    rng = np.random.default_rng([SEED, 10_000 + TILE_CHOICE_CASES.index(cfg)])
+    inputs = sweep.make_inputs(cfg, rng)
+    errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"), inputs)
+    bad = sweep.check(cfg, errors)
+    assert not bad, f"{cfg} (seed {SEED}): {bad}; all errors {errors}"
+
+
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):
     rng = np.random.default_rng(seed)
     return (jnp.asarray(rng.standard_normal((b, sq, hq, d)), dtype),

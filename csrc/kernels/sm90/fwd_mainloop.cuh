@@ -162,9 +162,10 @@ struct FwdMainloopSm90 {
   // freed by consumer work that needs only loads issued before it, so this cannot deadlock.
   //
   // K runs kKLead = kStagesK - 1 blocks ahead of V. With one block (the order the consumers wait in), the K load
-  // for block t + 1 queued behind the V load of block t - 1, whose stage frees only when the slower warpgroup ends
-  // block t - 2's P V: ncu at D = 128 found the consumers waiting for K on 6% of all warp samples, with two or
-  // three K stages alike. With a third K stage the K loads no longer wait for V stages.
+  // for block t + 1 queues behind the V load of block t - 1, whose stage frees only when the slower warpgroup ends
+  // block t - 3's P V: ncu at D = 128 S = 4k found the consumers waiting for K on 6% of all warp samples, with two
+  // or three K stages alike. Two blocks ahead measured +5-16% on rows of <= 8 KV blocks per tile and -2-4% on
+  // rows of >= 32 (bench/NOTES.md, v4); choosing the lead per tile at run time measured slower than either.
   // Tiles with no KV block load nothing and take no part in the Q hand-off (their epilogue does not use shared
   // memory: fwd_epilogue.cuh).
   //
