@@ -203,22 +203,16 @@ struct FwdMainloopSm90 {
     // Q is read by this tile only (EVICT_FIRST below).
     // K and V have pipelines of their own (K may be deeper: it is needed first); the whole warp walks the loop and
     // keeps the states (uniform control flow), only the leader issues.
-    auto load_k = [&](int n_block) {
+    auto load_stage = [&](auto& pipeline, auto& state, const auto& tma, const auto& src, auto& dst, int n_block) {
       if (leader) {
-        pipeline_k.producer_acquire(write_k);
-        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write_k), 0, TMA::CacheHintSm90::EVICT_LAST),
-             tKgK(_, n_block), tKsK(_, write_k.index()));
+        pipeline.producer_acquire(state);
+        copy(tma.with(*pipeline.producer_get_barrier(state), 0, TMA::CacheHintSm90::EVICT_LAST), src(_, n_block),
+             dst(_, state.index()));
       }
-      ++write_k;
+      ++state;
     };
-    auto load_v = [&](int n_block) {
-      if (leader) {
-        pipeline_v.producer_acquire(write_v);
-        copy(params.tma_vt.with(*pipeline_v.producer_get_barrier(write_v), 0, TMA::CacheHintSm90::EVICT_LAST),
-             tVgV(_, n_block), tVsV(_, write_v.index()));
-      }
-      ++write_v;
-    };
+    auto load_k = [&](int n_block) { load_stage(pipeline_k, write_k, params.tma_k, tKgK, tKsK, n_block); };
+    auto load_v = [&](int n_block) { load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, n_block); };
 
     load_k(blocks.block_at(0));
     __syncwarp();
