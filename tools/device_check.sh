@@ -107,9 +107,10 @@ if stage ncu; then
       --launch-skip 2 --launch-count 1 -f -o "$OUT/$tag" \
       $PY bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
     rc=$?
-    { "$NCU" -i "$OUT/$tag.ncu-rep" --page details; PATH="$(dirname "$NCU"):$PATH" $PY tools/ncu_summary.py "$OUT/$tag.ncu-rep"; } \
-      > "$OUT/$tag.txt" 2>&1
     "$NCU" -i "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.source.csv" 2>&1
+    { "$NCU" -i "$OUT/$tag.ncu-rep" --page details
+      PATH="$(dirname "$NCU"):$PATH" $PY tools/ncu_summary.py "$OUT/$tag.ncu-rep" --source-csv "$OUT/$tag.source.csv"
+    } > "$OUT/$tag.txt" 2>&1
     # The device tool returns at most 8 files: one archive per spec.
     tar -C "$OUT" -czf "$OUT/$tag.tgz" "$tag.ncu-rep" "$tag.source.csv" "$tag.log" && rm -f "$OUT/$tag.ncu-rep" "$OUT/$tag.source.csv" "$OUT/$tag.log"
     record "$tag" "rc $rc, $(grep -E '^ +Duration' "$OUT/$tag.txt" | head -1 | tr -s ' ')"

@@ -14,7 +14,11 @@ import sys
 
 
 def ncu(*args):
-    return subprocess.run(["ncu", *args], capture_output=True, text=True, check=False).stdout
+    """ncu's stdout; empty where ncu is not installed (e.g. reading an exported source page on another machine)."""
+    try:
+        return subprocess.run(["ncu", *args], capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:
+        return ""
 
 
 def raw_metrics(report):
@@ -36,12 +40,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report")
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--source-csv", help="summarize this exported source page instead of the report's")
+    parser.add_argument("--source-csv", help="the report's source page, already exported (ncu --page source --csv "
+                                             "--print-source sass): read instead of exported again")
     args = parser.parse_args()
-    if args.source_csv:
-        with open(args.source_csv) as f:
-            source_csv(f.read(), args.top)
-        return
 
     metrics = raw_metrics(args.report)
     print("== pipes (% of peak, active cycles)")
@@ -61,7 +62,11 @@ def main():
         if value and value / total >= 0.005:
             print(f"  {name.removeprefix('smsp__pcsamp_warps_issue_stalled_'):40s} {value / total:6.1%}")
 
-    source_csv(ncu("-i", args.report, "--page", "source", "--csv", "--print-source", "sass"), args.top)
+    if args.source_csv:
+        with open(args.source_csv) as f:
+            source_csv(f.read(), args.top)
+    else:
+        source_csv(ncu("-i", args.report, "--page", "source", "--csv", "--print-source", "sass"), args.top)
 
 
 def source_csv(text, top):

@@ -25,21 +25,25 @@ def test_sweep_seed_is_reported():
     print(f"FLASHJAX_SWEEP_SEED={SEED}")
 
 
-@pytest.mark.parametrize("index", range(N))
-def test_sweep(index):
-    rng = np.random.default_rng([SEED, index])
-    cfg = sweep.random_config(rng)
+def _assert_kernel_matches_reference(cfg, rng, where):
+    """Forward and backward of `cfg` on fresh inputs from `rng`, kernel against reference (DESIGN.md §5)."""
     inputs = sweep.make_inputs(cfg, rng)
     errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"), inputs)
     bad = sweep.check(cfg, errors)
-    assert not bad, f"{cfg} (seed {SEED}, index {index}): {bad}; all errors {errors}"
+    assert not bad, f"{cfg} ({where}): {bad}; all errors {errors}"
 
 
-# Shapes the random sweep rarely draws, each reaching one of the sm90 forward's launch-time choices on purpose
-# (csrc/kernels/sm90: fwd_launch.cuh's many_keys picks D 64's tile, fwd_mainloop.cuh's load() the K lead per tile):
-# D 64 causal long enough for 192-row tiles (the middle row sees >= 2048 keys) and short enough for 128-row ones,
-# an unbanded D 64 call (192 rows), a sliding window with >= 2048 keys per row, D 128 causal with tiles of 1 to
-# 24 KV blocks (both K leads in one launch), and D 128 non-causal with 24-block tiles.
+@pytest.mark.parametrize("index", range(N))
+def test_sweep(index):
+    rng = np.random.default_rng([SEED, index])
+    _assert_kernel_matches_reference(sweep.random_config(rng), rng, f"seed {SEED}, index {index}")
+
+
+# Shapes the random sweep rarely draws, each reaching one of the sm90 forward's launch-time tile choices on purpose
+# (csrc/kernels/sm90/fwd_launch.cuh's many_keys picks D 64's tile): D 64 causal long enough for 192-row tiles (the
+# middle row sees >= 2048 keys) and short enough for 128-row ones, an unbanded D 64 call (192 rows), a sliding
+# window with >= 2048 keys per row; and D 128 (one tile, three K stages) causal with tiles of 1 to 24 KV blocks and
+# non-causal with 24-block tiles.
 TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 1, 4500, 4500, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
     sweep.Config("float16", 2, 1000, 1000, 2, 1, 64, 64, True, (-1, -1), True, 0.0),
@@ -53,10 +57,7 @@ TILE_CHOICE_CASES = [
 @pytest.mark.parametrize("cfg", TILE_CHOICE_CASES, ids=str)
 def test_tile_choices(cfg):
     rng = np.random.default_rng([SEED, 10_000 + TILE_CHOICE_CASES.index(cfg)])
-    inputs = sweep.make_inputs(cfg, rng)
-    errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"), inputs)
-    bad = sweep.check(cfg, errors)
-    assert not bad, f"{cfg} (seed {SEED}): {bad}; all errors {errors}"
+    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
 
 
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):

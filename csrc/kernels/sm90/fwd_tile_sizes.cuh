@@ -32,9 +32,9 @@ constexpr FwdTileSizes fwd_tile_sizes(int head_dim, bool many_keys) {
   // 144 of fragments: not tried.)
   if (head_dim <= 96) return {128, 128};
   // D = 128: 128 keys per step (160 KB; S 64 + P 32 + O 64 registers). FA3 takes 176 without a band (208 KB) to
-  // spread per-step costs over more keys; here the smaller tile leaves room for a second Q buffer and O's own
-  // staging buffer (224 KB), so consecutive tiles overlap, and measured 1-2% faster at S = 2k-8k (bench/NOTES.md,
-  // v3).
+  // spread per-step costs over more keys; here the smaller tile leaves room for a second Q buffer, so consecutive
+  // tiles overlap (measured 1-2% faster at S = 2k-8k, bench/NOTES.md v3), and for a third K stage (O is then
+  // staged in the Q buffer: FwdKernelSm90's buffer plans).
   if (head_dim <= 128) return {128, 128};
   // D = 192: Q 48 + K 84 + V 84 = 216 KB, the largest multiple of 16 that fits; S 56 + P 28 + O 96 registers.
   if (head_dim <= 192) return {128, 112};
