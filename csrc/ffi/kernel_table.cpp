@@ -28,6 +28,8 @@ const std::vector<KernelEntry>& kernel_table() {
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI
 #include "kernels/generated/kernel_table_ci.inc"
+#elif FLASHJAX_KERNEL_SET_BENCH
+#include "kernels/generated/kernel_table_bench.inc"
 #elif FLASHJAX_KERNEL_SET_NONE
 #else
 #include "kernels/generated/kernel_table_full.inc"

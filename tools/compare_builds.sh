@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Benchmarks several builds of libflashjax.so against cuDNN on the same GPU in one call, so that kernel variants
+# are compared on one machine (machine-to-machine spread of the flashjax/cuDNN ratio is ~2-3%, see bench/NOTES.md).
+#   tools/compare_builds.sh NAME=LIB[.xz] ...     e.g. main=.devcarry/variants/main.so.xz split=.devcarry/variants/split.so.xz
+# Each build runs bench.py (cuDNN and flashjax, interleaved trials) in its own process through $FLASHJAX_LIBRARY;
+# the builds take turns ROUNDS times (default 1) to spread clock drift over all of them. Knobs: ROWS (bench.py
+# --rows regex, default the D 64 / D 128 grid rows), BENCH_ARGS (extra bench.py flags). JSON per build and round
+# land in $OUT (or bench/out); a table of flashjax/cuDNN ratios per row and build is printed last.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+PY=${PYTHON:-python3}
+LIBDIR=$(mktemp -d)
+names=()
+for spec in "$@"; do
+  name=${spec%%=*}; lib=${spec#*=}
+  if [[ $lib == *.xz ]]; then xz -dc "$lib" > "$LIBDIR/$name.so"; else cp "$lib" "$LIBDIR/$name.so"; fi
+  names+=("$name")
+done
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  for name in "${names[@]}"; do
+    FLASHJAX_LIBRARY="$LIBDIR/$name.so" $PY bench/bench.py --rows "${ROWS:-^d(64|128)-}" --dirs fwd \
+      --impls cudnn,flashjax ${BENCH_ARGS:-} --json "$OUT/compare_${name}_$round.json" > "$OUT/compare_${name}_$round.log" 2>&1 \
+      || { echo "$name round $round: bench failed"; tail -5 "$OUT/compare_${name}_$round.log"; }
+  done
+done
+$PY - "$OUT" "${names[@]}" <<'EOF'
+import glob, json, statistics, sys
+out, names = sys.argv[1], sys.argv[2:]
+table = {}  # row -> name -> [(flashjax, cudnn)]
+for name in names:
+    for path in sorted(glob.glob(f"{out}/compare_{name}_*.json")):
+        for row in json.load(open(path))["rows"]:
+            res = row["results"].get("fwd", {})
+            fj, cd = res.get("flashjax", {}), res.get("cudnn", {})
+            if "tflops" in fj and "tflops" in cd:
+                flag = " WRONG" if fj.get("wrong") else ""
+                table.setdefault(row["row"]["name"], {}).setdefault(name, []).append((fj["tflops"], cd["tflops"], flag))
+print("flashjax TFLOP/s (flashjax / cuDNN of the same process), median over rounds")
+print(f"{'row':28s}" + "".join(f"{n:>22s}" for n in names))
+for row, by_name in table.items():
+    cells = []
+    for n in names:
+        runs = by_name.get(n, [])
+        if not runs:
+            cells.append(f"{'-':>22s}")
+            continue
+        fj = statistics.median(r[0] for r in runs)
+        ratio = statistics.median(r[0] / r[1] for r in runs)
+        cells.append(f"{fj:9.1f} ({ratio:5.3f}){''.join(r[2] for r in runs)[:6]:>6s}")
+    print(f"{row:28s}" + "".join(cells))
+EOF
