@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds libflashjax.so with CMake into build/<kernel set>/ and copies it next to python/flashjax/__init__.py,
 # where _ffi.py finds it when flashjax runs from the checkout. Incremental: only changed files recompile.
-#   FLASHJAX_KERNEL_SET=full|ci|bench|none   (default full; bench: sm90 forward bf16 D 64/128/256 only, for
+#   FLASHJAX_KERNEL_SET=full|ci|bench|none   (default full; bench: sm90 forward + sm80 backward, bf16, D 64/128/256, for
 #                                            kernel experiments with tools/compare_builds.sh)
 #   FLASHJAX_CUDA_ARCHS="80-real;90a-real"   (default; "90a-real" alone builds only for Hopper)
 #   FLASHJAX_BUILD_JOBS=N   parallel compile jobs (default: all cores)
