@@ -50,17 +50,19 @@ for hdim in "${head_dims[@]}"; do
     cat >"$work/smem_size.cu" <<CU
 #include <cstdio>
 #include "kernels/sm90/fwd_launch.cuh"
-template <bool kManyKeys>
-void print_config() {
+template <flashjax::sm90::FwdKeyLoad kLoad>
+void print_config(const char* name) {
   using namespace flashjax::sm90;
-  constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kManyKeys);
+  constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kLoad);
   using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_m, kTile.block_n>;
-  std::printf("   %s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", kManyKeys ? "many-keys" : "few-keys ",
-              kTile.block_m, kTile.block_n, Kernel::kSmemBytes);
+  std::printf("   %-15s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", name, kTile.block_m, kTile.block_n,
+              Kernel::kSmemBytes);
 }
 int main() {
-  print_config<false>();
-  print_config<true>();
+  using flashjax::sm90::FwdKeyLoad;
+  print_config<FwdKeyLoad::kFew>("few keys");
+  print_config<FwdKeyLoad::kMany>("many keys");
+  print_config<FwdKeyLoad::kManyLongRows>("many, long rows");
   std::printf("   dispatch figure (fwd_smem_bytes): %d bytes\\n", flashjax::sm90::fwd_smem_bytes<$element, $hdim>());
 }
 CU

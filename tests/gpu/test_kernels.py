@@ -40,10 +40,10 @@ def test_sweep(index):
 
 
 # Shapes the random sweep rarely draws, each reaching one of the sm90 forward's launch-time tile choices on purpose
-# (csrc/kernels/sm90/fwd_launch.cuh's many_keys picks D 64's tile): D 64 causal long enough for 192-row tiles (the
-# middle row sees >= 2048 keys) and short enough for 128-row ones, an unbanded D 64 call (192 rows), a sliding
-# window with >= 2048 keys per row; and D 128 (one tile, three K stages) causal with tiles of 1 to 24 KV blocks and
-# non-causal with 24-block tiles.
+# (csrc/kernels/sm90/fwd_launch.cuh's key_load picks the tile): D 64 causal long enough for 192-row tiles (the middle
+# row sees >= 2048 keys) and short enough for 128-row ones, an unbanded D 64 call (192 rows), a sliding window with
+# >= 2048 keys per row; D 128 (128 x 128, three K stages) causal with tiles of 1 to 24 KV blocks and non-causal with
+# 24-block tiles, and unbanded with >= 8192 keys per row (128 x 176: a partial last block).
 TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 1, 4500, 4500, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
     sweep.Config("float16", 2, 1000, 1000, 2, 1, 64, 64, True, (-1, -1), True, 0.0),
@@ -51,12 +51,34 @@ TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 1, 5000, 5000, 2, 1, 64, 64, False, (2500, 0), False, 0.0),
     sweep.Config("bfloat16", 1, 3001, 3001, 4, 1, 128, 128, True, (-1, -1), True, 0.0),
     sweep.Config("float16", 1, 1000, 3001, 2, 2, 128, 128, False, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 300, 8300, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
 ]
 
 
 @pytest.mark.parametrize("cfg", TILE_CHOICE_CASES, ids=str)
 def test_tile_choices(cfg):
     rng = np.random.default_rng([SEED, 10_000 + TILE_CHOICE_CASES.index(cfg)])
+    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
+
+
+# More tiles than two per SM (132 on an H100/H200), so that each persistent CTA runs several in a row: the sm90
+# consumers carry state from one tile into the next (the next tile's first GEMM goes out with this tile's last,
+# where Q has two buffers), and tiles whose rows see no key (Sq > Sk causal: the top rows) fall between tiles with
+# work. One case per tile / buffer plan: D 64 on 192 rows (three consumer warpgroups) and on 128, D 96, D 128 on
+# 128 x 128 and 128 x 176, D 256 (one Q buffer: no carry-over).
+SCHEDULE_CASES = [
+    sweep.Config("bfloat16", 2, 2100, 2100, 16, 16, 64, 64, False, (-1, -1), False, 5.0),
+    sweep.Config("bfloat16", 4, 700, 700, 16, 4, 64, 64, True, (-1, -1), True, 0.0),
+    sweep.Config("float16", 4, 1000, 1300, 8, 8, 96, 96, True, (-1, -1), False, 0.0),
+    sweep.Config("float16", 2, 3000, 1100, 12, 4, 128, 128, True, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 1, 2300, 8300, 16, 2, 128, 128, False, (-1, -1), True, 0.0),
+    sweep.Config("float16", 2, 1500, 900, 12, 3, 256, 256, False, (300, 0), False, 0.0),
+]
+
+
+@pytest.mark.parametrize("cfg", SCHEDULE_CASES, ids=str)
+def test_several_tiles_per_cta(cfg):
+    rng = np.random.default_rng([SEED, 20_000 + SCHEDULE_CASES.index(cfg)])
     _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
 
 

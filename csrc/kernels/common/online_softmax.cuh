@@ -80,6 +80,13 @@ struct OnlineSoftmax {
     return sum;
   }
 
+  // The LSE finalize() gives a row that saw no visible key (row_max = -inf, row_sum = 0): the sink's logit, or -inf
+  // without one. For tiles whose rows are all empty, which never run the mainloop.
+  __device__ __forceinline__ static void lse_of_empty_rows(float sink_log2, float (&lse)[kRows]) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) lse[r] = sink_log2 == -INFINITY ? -INFINITY : sink_log2 * kLn2;
+  }
+
   // Normalizes acc_o and returns each row's LSE in natural-log units through lse[r].
   // sink_log2 is the row's sink logit times log2(e), or -inf without sinks. The sink joins the denominator with no
   // value; it is folded in at a common maximum m = max(row max, sink) so a sink far above the scores cannot

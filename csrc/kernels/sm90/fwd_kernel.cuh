@@ -3,11 +3,13 @@
 // GQA, sinks and ragged sizes are runtime decisions, per CTA tile or per KV block.
 //
 // CTA = 3 or 4 warpgroups, one CTA per SM, persistent over tiles:
-//   warpgroup 0, producer: gives registers back (setmaxnreg.dec); one warp issues every TMA load, the other three
-//     exit;
+//   warpgroup 0, producer: gives registers back (setmaxnreg.dec); warp 0 issues the TMA loads of Q and K, warp 1
+//     those of V, the other two exit;
 //   warpgroups 1.., consumers: take the registers (setmaxnreg.inc; see kConsumerRegisters), 64 query rows each,
 //     taking turns on the tensor cores (ping-pong named barriers) so that one warpgroup's softmax overlaps the
-//     others' GEMMs.
+//     others' GEMMs. A consumer carries its registers from one tile into the next: where Q has two buffers, the
+//     next tile's first GEMM goes out in the same turn as this tile's last (Mainloop::tail_and_prefetch), so the
+//     epilogue and the next tile's first softmax no longer leave the tensor cores idle between tiles.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -108,13 +110,18 @@ struct FwdKernelSm90 {
   };
 };
 
-// Parameters of K's and V's TMA pipelines (each PipelineTmaAsync depth has a Params type of its own).
+// The thread of producer warp w that issues its loads (its lane 0): K's pipeline is fed by warp 0, V's by warp 1.
+__host__ __device__ constexpr int producer_leader_thread(int warp) { return 32 * warp; }
+
+// Parameters of K's and V's TMA pipelines (each PipelineTmaAsync depth has a Params type of its own). is_leader
+// marks the thread whose producer_acquire also arms the stage's full barrier with the expected bytes: the one that
+// issues that pipeline's TMA loads.
 template <typename Pipeline, typename Kernel>
-__device__ typename Pipeline::Params kv_pipeline_params(bool is_producer) {
+__device__ typename Pipeline::Params kv_pipeline_params(bool is_producer, int leader_thread) {
   typename Pipeline::Params params;
   params.transaction_bytes = Kernel::Mainloop::kTmaBytesKV;
   params.role = is_producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
-  params.is_leader = threadIdx.x == 0;
+  params.is_leader = threadIdx.x == leader_thread;
   // Every consumer thread releases a stage after its own wgmma wait, so none relies on its warpgroup being in step.
   params.num_consumers = Kernel::kConsumerThreads;
   return params;
@@ -143,8 +150,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   if (threadIdx.x == 0) {
     for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
   }
-  PipelineK pipeline_k(shared.barriers.k, kv_pipeline_params<PipelineK, Kernel>(is_producer), Shape<_1, _1, _1>{});
-  PipelineV pipeline_v(shared.barriers.v, kv_pipeline_params<PipelineV, Kernel>(is_producer), Shape<_1, _1, _1>{});
+  PipelineK pipeline_k(shared.barriers.k, kv_pipeline_params<PipelineK, Kernel>(is_producer, producer_leader_thread(0)),
+                       Shape<_1, _1, _1>{});
+  PipelineV pipeline_v(shared.barriers.v, kv_pipeline_params<PipelineV, Kernel>(is_producer, producer_leader_thread(1)),
+                       Shape<_1, _1, _1>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();  // barrier initialization visible to every thread (and to TMA) before first use
 
@@ -152,9 +161,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   if (is_producer) {
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
-    if (cutlass::canonical_warp_idx_sync() != 0) return;
-    const bool leader = threadIdx.x == 0;
-    if (leader) {
+    // Warp 0 loads Q and K, warp 1 V (Mainloop::load_q_k / load_v); warps 2 and 3 have nothing to do.
+    const int producer_warp = cutlass::canonical_warp_idx_sync();
+    if (producer_warp > 1) return;
+    const bool leader = threadIdx.x == producer_leader_thread(producer_warp);
+    if (leader && producer_warp == 0) {
       Mainloop::prefetch_tma_descriptors(params.mainloop);
       Epilogue::prefetch_tma_descriptors(params.epilogue);
     }
@@ -167,9 +178,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
       const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
       if (blocks.empty()) continue;
-      Mainloop::load(params.mainloop, shared.tensors, shared.barriers, pipeline_k, pipeline_v, write_k, write_v, leader,
-                     typename Mainloop::QuerySlot(tiles_with_work++), tile.m_block, tile.head_q,
-                     tile.head_q / params.heads_per_kv, tile.batch, blocks);
+      const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, tile.head_q / params.heads_per_kv,
+                                             tile.batch};
+      if (producer_warp == 0) {
+        Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, write_k, leader,
+                           typename Mainloop::QuerySlot(tiles_with_work++), at, blocks);
+      } else {
+        Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, blocks);
+      }
     }
     return;
   }
@@ -178,10 +194,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int consumer_wg = warpgroup - 1;
   const int thread_in_wg = threadIdx.x % 128;
   const common::ScoreTransform transform(params.softmax_scale, params.softcap);
-  typename Mainloop::StateK read_k;
-  typename Mainloop::StateV read_v;
-  int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
-  // One arrival per tile with work, plus one per buffer now (they start free): see Mainloop::load.
+  // One arrival per tile with work, plus one per buffer now (they start free): see Mainloop::load_q_k.
   auto arrive_query_empty = [](int q_buffer) {
     cutlass::arch::NamedBarrier::arrive(cutlass::NumThreadsPerWarp + Kernel::kConsumerThreads,
                                         FwdNamedBarrier::query_empty(q_buffer));
@@ -190,43 +203,84 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   // Warpgroup 0 takes the first turn on the tensor cores.
   if (consumer_wg == 0) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
 
-  for (int tile_index = Scheduler::first_tile(params.scheduler, blockIdx.x);
-       tile_index < params.scheduler.num_tiles;
-       tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
-    const auto tile = Scheduler::tile(params.scheduler, tile_index);
-    const int m_start = tile.m_block * kBlockM;
-    // The block range is the CTA's (both warpgroups consume the same K/V stages); the mask is the warpgroup's.
-    const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(m_start);
-
-    typename Mainloop::TiledMmaPV mma_pv;
-    Tensor acc_o = partition_fragment_C(mma_pv, Shape<typename Mainloop::WgRows, typename Mainloop::HeadDim>{});
-    FwdOnlineSoftmaxSm90<2> softmax(transform.exp2_scale);
-    const bool has_work = !blocks.empty();
-    const typename Mainloop::QuerySlot q_slot(tiles_with_work);
-    if (has_work) {
-      ++tiles_with_work;
-      Mainloop::mma(shared.tensors, shared.barriers, pipeline_k, pipeline_v, read_k, read_v, q_slot, consumer_wg,
-                    thread_in_wg, blocks, band.tile_mask(m_start + consumer_wg * Mainloop::kRowsPerWarpgroup),
-                    transform, acc_o, softmax);
-      // mma() has waited on every wgmma that reads Q: with O staged elsewhere, a later Q may land now.
-      if constexpr (Kernel::kOwnOBuffer) arrive_query_empty(q_slot.buffer);
-    } else {
-      clear(acc_o);  // every row of the tile is empty: out = 0, lse = -inf (or the sink)
-    }
-
-    const float sink_log2 = params.sinks != nullptr ? params.sinks[tile.head_q] * common::kLog2e : -INFINITY;
-    float lse[2];
-    Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
-    softmax.finalize(acc_o_rc, sink_log2, lse);
-    if (has_work) {
-      Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, q_slot.buffer),
-                                                    acc_o, lse, consumer_wg, thread_in_wg, tile.m_block,
-                                                    tile.head_q, tile.batch);
-      // O was staged in the Q buffer: free only now that the TMA store has read it.
-      if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(q_slot.buffer);
-    } else {
+  auto sink_log2_of = [&](int head_q) {
+    return params.sinks != nullptr ? params.sinks[head_q] * common::kLog2e : -INFINITY;
+  };
+  // The next tile with work from tile_index on (num_tiles if none). Tiles on the way whose rows see no key are
+  // written out here (out = 0, lse = -inf or the sink): they use neither shared memory nor the tensor cores, so
+  // they may go while the previous tile's GEMMs are still in flight.
+  auto next_tile_with_work = [&](int tile_index) {
+    for (; tile_index < params.scheduler.num_tiles;
+         tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
+      const auto tile = Scheduler::tile(params.scheduler, tile_index);
+      if (!band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM).empty()) break;
+      float lse[2];
+      FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2_of(tile.head_q), lse);
       Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
     }
+    return tile_index;
+  };
+  int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
+  // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks (the CTA's: every warpgroup consumes the
+  // same K/V stages) and the warpgroup's band mask.
+  auto consumer_tile = [&](const typename Scheduler::Tile& tile, int n) {
+    const int m_start = tile.m_block * kBlockM;
+    return typename Mainloop::ConsumerTile{typename Mainloop::QuerySlot(n),
+                                           band.template kv_blocks<kBlockM, kBlockN>(m_start),
+                                           band.tile_mask(m_start + consumer_wg * Mainloop::kRowsPerWarpgroup)};
+  };
+
+  typename Mainloop::ConsumerState state;
+  typename Mainloop::TiledMmaPV mma_pv;
+  Tensor acc_o = partition_fragment_C(mma_pv, Shape<typename Mainloop::WgRows, typename Mainloop::HeadDim>{});
+  FwdOnlineSoftmaxSm90<2> softmax(transform.exp2_scale);
+
+  // This tile's epilogue: normalize O, stage it in shared memory, TMA store, LSE.
+  auto store_tile = [&](const typename Scheduler::Tile& tile, const typename Mainloop::ConsumerTile& work) {
+    float lse[2];
+    Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
+    softmax.finalize(acc_o_rc, sink_log2_of(tile.head_q), lse);
+    Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
+                                                  acc_o, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q,
+                                                  tile.batch);
+    // O was staged in the Q buffer: free only now that the TMA store has read it.
+    if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
+  };
+
+  int tile_index = next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x));
+  if (tile_index < params.scheduler.num_tiles) {
+    auto tile = Scheduler::tile(params.scheduler, tile_index);
+    auto work = consumer_tile(tile, tiles_with_work++);
+    Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, work, consumer_wg, thread_in_wg,
+                          transform, acc_o, softmax);
+    while (true) {
+      Mainloop::steady_blocks(shared.tensors, pipeline_k, pipeline_v, state, work, consumer_wg, thread_in_wg,
+                              transform, acc_o, softmax);
+      // Every wgmma that reads this tile's Q has been waited on: with O staged elsewhere, a later Q may land now.
+      if constexpr (Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
+      tile_index = next_tile_with_work(Scheduler::next_tile(params.scheduler, tile_index, gridDim.x));
+      if (tile_index >= params.scheduler.num_tiles) break;
+
+      const auto next_tile = Scheduler::tile(params.scheduler, tile_index);
+      const auto next_work = consumer_tile(next_tile, tiles_with_work++);
+      if constexpr (Mainloop::kCanPrefetchQuery) {
+        // The next tile's first GEMM goes out with this tile's last one (its Q has a buffer of its own), and runs
+        // while this tile's epilogue does.
+        Mainloop::tail_and_prefetch(shared.tensors, shared.barriers, pipeline_k, pipeline_v, state, next_work,
+                                    consumer_wg, thread_in_wg, acc_o);
+        store_tile(tile, work);
+        Mainloop::finish_prefetch(pipeline_k, state, next_work, thread_in_wg, transform, acc_o, softmax);
+      } else {
+        Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
+        store_tile(tile, work);
+        Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, next_work, consumer_wg,
+                              thread_in_wg, transform, acc_o, softmax);
+      }
+      tile = next_tile;
+      work = next_work;
+    }
+    Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
+    store_tile(tile, work);
   }
   Epilogue::drain(thread_in_wg);
 #endif

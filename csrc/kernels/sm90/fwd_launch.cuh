@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "flashjax/params.h"
 #include "kernels/sm90/fwd_kernel.cuh"
@@ -31,16 +32,28 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
          ok(batch_stride * kBytes);
 }
 
-// Whether the call's query rows see many keys (fwd_tile_sizes' many_keys): more than one 128-row tile of queries,
-// and either no band or a band whose middle query row sees at least 2048 keys (about the mean over the rows for
-// causal and sliding-window bands). The normalized band drops a side that excludes nothing, so e.g. a window wider
-// than the sequence counts as no band.
-inline bool many_keys(const FwdParams& params) {
-  if (params.seqlen_q <= 128) return false;
+// The call's FwdKeyLoad (fwd_tile_sizes.cuh): kMany = more than one 128-row tile of queries, and either no band or a
+// band whose middle query row sees at least 2048 keys (about the mean over the rows for causal and sliding-window
+// bands); kManyLongRows = no band and Sk >= 8192 on top of that. The normalized band drops a side that excludes
+// nothing, so e.g. a window wider than the sequence counts as no band.
+inline FwdKeyLoad key_load(const FwdParams& params) {
+  if (params.seqlen_q <= 128) return FwdKeyLoad::kFew;
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-  if (band.left < 0 && band.right < 0) return true;
+  if (band.left < 0 && band.right < 0) {
+    return params.seqlen_k >= 8192 ? FwdKeyLoad::kManyLongRows : FwdKeyLoad::kMany;
+  }
   const int middle_row = params.seqlen_q / 2;
-  return band.col_end(middle_row) - band.col_begin(middle_row) >= 2048;
+  return band.col_end(middle_row) - band.col_begin(middle_row) >= 2048 ? FwdKeyLoad::kMany : FwdKeyLoad::kFew;
+}
+
+// Test knob: FLASHJAX_SM90_MAX_CTAS=n caps the persistent grid at n CTAs, so that small problems (the sanitizer's,
+// the GPU tests') run many tiles per CTA and reach the hand-over from one tile to the next. Read once per process.
+inline int max_ctas_for_tests() {
+  static const int max_ctas = [] {
+    const char* value = std::getenv("FLASHJAX_SM90_MAX_CTAS");
+    return value != nullptr ? std::atoi(value) : 0;
+  }();
+  return max_ctas;
 }
 
 // One tile configuration: TMA descriptors, persistent grid, launch.
@@ -55,6 +68,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
+  if (max_ctas_for_tests() > 0 && max_ctas_for_tests() < num_sms) num_sms = max_ctas_for_tests();
   const typename Scheduler::Params scheduler = Scheduler::to_params(params, num_sms);
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
@@ -107,32 +121,46 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
 
 }  // namespace detail
 
+namespace detail {
+
+// The kernel of one FwdKeyLoad class (classes with equal tile sizes share it).
+template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
+using FwdKernelFor = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, kLoad).block_m,
+                                   fwd_tile_sizes(kHeadDim, kLoad).block_n>;
+
+template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
+cudaError_t launch_fwd_for(const FwdParams& params, cudaStream_t stream) {
+  using Kernel = FwdKernelFor<Element, kHeadDim, kLoad>;
+  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN>(params, stream);
+}
+
+}  // namespace detail
+
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
-  constexpr FwdTileSizes kFewKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/false);
-  constexpr FwdTileSizes kManyKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/true);
-  if constexpr (kFewKeys.block_m == kManyKeys.block_m && kFewKeys.block_n == kManyKeys.block_n) {
-    return detail::launch_fwd<Element, kHeadDim, kFewKeys.block_m, kFewKeys.block_n>(params, stream);
-  } else {
-    return detail::many_keys(params)
-               ? detail::launch_fwd<Element, kHeadDim, kManyKeys.block_m, kManyKeys.block_n>(params, stream)
-               : detail::launch_fwd<Element, kHeadDim, kFewKeys.block_m, kFewKeys.block_n>(params, stream);
+  switch (detail::key_load(params)) {
+    case FwdKeyLoad::kFew:
+      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kFew>(params, stream);
+    case FwdKeyLoad::kMany:
+      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kMany>(params, stream);
+    default:
+      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kManyLongRows>(params, stream);
   }
 }
 
-// Declared in launch.h: the most dynamic shared memory any launch of run_fwd requests, i.e. the larger of its two
-// tiles' kernels (launch_fwd launches FwdKernelSm90 with its kSmemBytes).
+// Declared in launch.h: the most dynamic shared memory any launch of run_fwd requests, i.e. the largest of its tiles'
+// kernels (launch_fwd launches FwdKernelSm90 with its kSmemBytes).
 template <typename Element, int kHeadDim>
 int fwd_smem_bytes() {
-  constexpr FwdTileSizes kFewKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/false);
-  constexpr FwdTileSizes kManyKeys = fwd_tile_sizes(kHeadDim, /*many_keys=*/true);
-  constexpr int kFewKeysBytes = FwdKernelSm90<Element, kHeadDim, kFewKeys.block_m, kFewKeys.block_n>::kSmemBytes;
-  constexpr int kManyKeysBytes = FwdKernelSm90<Element, kHeadDim, kManyKeys.block_m, kManyKeys.block_n>::kSmemBytes;
-  return kFewKeysBytes > kManyKeysBytes ? kFewKeysBytes : kManyKeysBytes;
+  constexpr int kFew = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew>::kSmemBytes;
+  constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
+  constexpr int kLong = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyLongRows>::kSmemBytes;
+  constexpr int kMost = kFew > kMany ? kFew : kMany;
+  return kMost > kLong ? kMost : kLong;
 }
 
 }  // namespace flashjax::sm90

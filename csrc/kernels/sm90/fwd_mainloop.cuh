@@ -32,8 +32,7 @@ struct FwdMainloopSm90 {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStagesK = kStagesK_;
   static constexpr int kStagesV = kStagesV_;
-  static constexpr int kKLead = kStagesK - 1;  // how many blocks K loads run ahead of V loads (see load())
-  static_assert(kKLead >= 1 && kStagesV >= 2);
+  static_assert(kStagesK >= 2 && kStagesV >= 2);
   static constexpr int kRowsPerWarpgroup = 64;  // the M of one wgmma
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kQStages = kQStages_;
@@ -155,66 +154,59 @@ struct FwdMainloopSm90 {
     __device__ explicit QuerySlot(int n) : buffer(n % kQStages), phase((n / kQStages) & 1) {}
   };
 
-  // Producer side of one tile with work (blocks not empty), run by the whole producer warp; `leader` (one lane)
-  // issues every TMA and pipeline operation. Load order, with b(t) = blocks.block_at(t): K of b(0), then Q (once
-  // the consumers have freed its buffer: QueryEmpty), then K of b(t) and V of b(t - kKLead) alternately, ending
-  // with the last V's. The consumers wait for K of b(t), then V of b(t - 1); every stage the producer acquires is
-  // freed by consumer work that needs only loads issued before it, so this cannot deadlock.
-  //
-  // K runs kKLead = kStagesK - 1 blocks ahead of V. With one block (the order the consumers wait in), the K load
-  // for block t + 1 queues behind the V load of block t - 1, whose stage frees only when the slower warpgroup ends
-  // block t - 3's P V: ncu at D = 128 S = 4k found the consumers waiting for K on 6% of all warp samples, with two
-  // or three K stages alike. Two blocks ahead measured +5-16% on rows of <= 8 KV blocks per tile and -2-4% on
-  // rows of >= 32 (bench/NOTES.md, v4); choosing the lead per tile at run time measured slower than either.
+  // Producer side of one tile with work (blocks not empty), split over two warps of the producer warpgroup so that
+  // neither tensor's loads queue behind the other's stage releases: warp 0 loads K of b(0), then Q (once the
+  // consumers have freed its buffer: QueryEmpty), then K of b(1), b(2), ... (load_q_k); warp 1 loads V of b(0),
+  // b(1), ... (load_v); b(t) = blocks.block_at(t). In each warp one lane (`leader`, the pipeline's is_leader)
+  // issues; the whole warp walks the loop and keeps the pipeline state (uniform control flow). Each ring is a plain
+  // producer-consumer ring: the consumers release K of b(t) after waiting for K of b(t) and V of b(t - 1), both
+  // loaded by warps that never wait on each other, so neither ring can deadlock. (With one warp issuing both, in
+  // the consumers' order K(t), V(t-1), a K load queued behind a V stage release: ncu at D = 128 S = 4k found the
+  // consumers waiting for K on 6% of all warp samples; a fixed lead of K over V traded short tiles against long
+  // ones: bench/NOTES.md, v4.)
   // Tiles with no KV block load nothing and take no part in the Q hand-off (their epilogue does not use shared
   // memory: fwd_epilogue.cuh).
   //
   // QueryEmpty pairing, per Q buffer b: the consumers arrive once at kernel start and once after each tile with
-  // work that used b; the producer syncs once before each Q it loads into b. The consumers' arrival after tile n
-  // comes after they waited for Q_n, which the producer loaded after its sync for tile n, so they can never be two
-  // arrivals ahead on one barrier (a named barrier cannot tell two phases' arrivals apart).
-  __device__ static void load(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
-                              PipelineK& pipeline_k, PipelineV& pipeline_v, StateK& write_k, StateV& write_v,
-                              bool leader,
-                              const QuerySlot& q_slot, int m_block, int head_q, int head_k, int batch,
-                              const common::KvBlockRange& blocks) {
+  // work that used b; warp 0 syncs once before each Q it loads into b. The consumers' arrival after tile n comes
+  // after they waited for Q_n, which warp 0 loaded after its sync for tile n, so they can never be two arrivals
+  // ahead on one barrier (a named barrier cannot tell two phases' arrivals apart). The consumers wait for Q of
+  // tile n + 1 before tile n's epilogue (tail_and_prefetch, two Q buffers only); that buffer was freed after tile
+  // n - 1, whose epilogue came first, so the wait never depends on tile n's own arrival.
+  struct LoadCoords {
+    int m_block, head_q, head_k, batch;
+  };
+
+  // K/V are re-read by every query tile of the head (and every query head of a GQA group): keep them in L2.
+  template <typename Pipeline, typename State, typename Tma, typename Src, typename Dst>
+  __device__ static void load_stage(Pipeline& pipeline, State& state, const Tma& tma, const Src& src, Dst& dst,
+                                    int n_block, bool leader) {
+    using namespace cute;
+    if (leader) {
+      pipeline.producer_acquire(state);
+      copy(tma.with(*pipeline.producer_get_barrier(state), 0, TMA::CacheHintSm90::EVICT_LAST), src(_, n_block),
+           dst(_, state.index()));
+    }
+    ++state;
+  }
+
+  __device__ static void load_q_k(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
+                                  PipelineK& pipeline_k, StateK& write_k, bool leader, const QuerySlot& q_slot,
+                                  const LoadCoords& at, const common::KvBlockRange& blocks) {
     using namespace cute;
     constexpr int kProducerAndConsumerThreads = cutlass::NumThreadsPerWarp + kConsumerWarpgroups * 128;
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
-    Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
-
-    Tensor m_q = params.tma_q.get_tma_tensor(params.shape_q)(_, _, head_q, batch);
-    Tensor m_k = params.tma_k.get_tma_tensor(params.shape_k)(_, _, head_k, batch);
-    Tensor m_vt = params.tma_vt.get_tma_tensor(select<1, 0, 2, 3>(params.shape_k))(_, _, head_k, batch);
+    Tensor m_q = params.tma_q.get_tma_tensor(params.shape_q)(_, _, at.head_q, at.batch);
+    Tensor m_k = params.tma_k.get_tma_tensor(params.shape_k)(_, _, at.head_k, at.batch);
     Tensor g_q = local_tile(m_q, Shape<WgRows, HeadDim>{}, make_coord(_, _0{}));  // (64, D, half-tiles of Sq)
     Tensor g_k = local_tile(m_k, Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, D, n_blocks)
-    Tensor g_vt = local_tile(m_vt, Shape<HeadDim, BlockN>{}, make_coord(_0{}, _));  // (D, kBlockN, n_blocks)
-
     auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_k = params.tma_k.get_slice(_0{});
-    auto tma_vt = params.tma_vt.get_slice(_0{});
-    Tensor tQgQ = group_modes<0, 3>(tma_q.partition_S(g_q));    // (TMA, half-tiles)
-    Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(g_k));    // (TMA, n_blocks)
-    Tensor tKsK = group_modes<0, 3>(tma_k.partition_D(s_k));    // (TMA, stage)
-    Tensor tVgV = group_modes<0, 3>(tma_vt.partition_S(g_vt));  // (TMA, n_blocks)
-    Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
+    Tensor tQgQ = group_modes<0, 3>(tma_q.partition_S(g_q));  // (TMA, half-tiles)
+    Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(g_k));  // (TMA, n_blocks)
+    Tensor tKsK = group_modes<0, 3>(tma_k.partition_D(s_k));  // (TMA, stage)
 
-    // K/V are re-read by every query tile of the head (and every query head of a GQA group): keep them in L2.
-    // Q is read by this tile only (EVICT_FIRST below).
-    // K and V have pipelines of their own (K may be deeper: it is needed first); the whole warp walks the loop and
-    // keeps the states (uniform control flow), only the leader issues.
-    auto load_stage = [&](auto& pipeline, auto& state, const auto& tma, const auto& src, auto& dst, int n_block) {
-      if (leader) {
-        pipeline.producer_acquire(state);
-        copy(tma.with(*pipeline.producer_get_barrier(state), 0, TMA::CacheHintSm90::EVICT_LAST), src(_, n_block),
-             dst(_, state.index()));
-      }
-      ++state;
-    };
-    auto load_k = [&](int n_block) { load_stage(pipeline_k, write_k, params.tma_k, tKgK, tKsK, n_block); };
-    auto load_v = [&](int n_block) { load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, n_block); };
-
-    load_k(blocks.block_at(0));
+    load_stage(pipeline_k, write_k, params.tma_k, tKgK, tKsK, blocks.block_at(0), leader);
     __syncwarp();
     cutlass::arch::NamedBarrier::sync(kProducerAndConsumerThreads, FwdNamedBarrier::query_empty(q_slot.buffer));
     if (leader) {
@@ -223,105 +215,258 @@ struct FwdMainloopSm90 {
       CUTE_UNROLL
       for (int half = 0; half < kConsumerWarpgroups; ++half) {
         // A half past Sq (Sq - m_start <= 64) is a box entirely out of bounds: TMA fills it with zeros and still
-        // counts its bytes, so the expected transaction size is the same for every tile.
+        // counts its bytes, so the expected transaction size is the same for every tile. Q is read by this tile
+        // only: EVICT_FIRST.
         Tensor s_q_half = make_tensor(
             make_smem_ptr(tensors.q.data() + q_slot.buffer * kQElems + half * kQHalfElems), SmemLayoutQHalf{});
         copy(params.tma_q.with(reinterpret_cast<uint64_t&>(barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST),
-             tQgQ(_, m_block * kConsumerWarpgroups + half), group_modes<0, 3>(tma_q.partition_D(s_q_half)));
+             tQgQ(_, at.m_block * kConsumerWarpgroups + half), group_modes<0, 3>(tma_q.partition_D(s_q_half)));
       }
     }
-    const int num_blocks = blocks.num_blocks();
-    for (int t = 1; t < num_blocks + kKLead; ++t) {
-      if (t < num_blocks) load_k(blocks.block_at(t));
-      if (t >= kKLead) load_v(blocks.block_at(t - kKLead));
+    for (int t = 1; t < blocks.num_blocks(); ++t) {
+      load_stage(pipeline_k, write_k, params.tma_k, tKgK, tKsK, blocks.block_at(t), leader);
     }
     __syncwarp();
   }
 
-  // Consumer side of one tile, run by one consumer warpgroup (thread_in_wg in [0, 128)). Accumulates the
-  // unnormalized O of its 64 rows into acc_o (cleared here) and the row statistics into softmax.
-  //
-  // Per visited block t after the first, with the PV GEMM lagging one block behind the QK GEMM:
-  //   issue S_t = Q K_t^T; issue O += P_{t-1} V_{t-1}  (both asynchronous; the ping-pong barrier lets the other
-  //                                                     warpgroup's softmax run while these occupy the tensor cores)
-  //   wait for S_t, release K_t; softcap, mask, online softmax of S_t   (overlaps the PV GEMM)
-  //   wait for the PV GEMM, release V_{t-1}; rescale O; P_t = bf16/fp16(S_t)
-  template <typename AccO, typename Softmax>
-  __device__ static void mma(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
-                             PipelineV& pipeline_v, StateK& read_k, StateV& read_v,
-                             const QuerySlot& q_slot, int warpgroup, int thread_in_wg,
-                             const common::KvBlockRange& blocks,
-                             const common::TileMask& tile_mask, const common::ScoreTransform& transform, AccO& acc_o,
-                             Softmax& softmax) {
+  __device__ static void load_v(const Params& params, TensorStorage& tensors, PipelineV& pipeline_v,
+                                StateV& write_v, bool leader, const LoadCoords& at,
+                                const common::KvBlockRange& blocks) {
     using namespace cute;
-    Tensor s_q = make_tensor(make_smem_ptr(tensors.q.data() + q_slot.buffer * kQElems + warpgroup * kQHalfElems),
-                             SmemLayoutQHalf{});
-    Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
+    Tensor m_vt = params.tma_vt.get_tma_tensor(select<1, 0, 2, 3>(params.shape_k))(_, _, at.head_k, at.batch);
+    Tensor g_vt = local_tile(m_vt, Shape<HeadDim, BlockN>{}, make_coord(_0{}, _));  // (D, kBlockN, n_blocks)
+    auto tma_vt = params.tma_vt.get_slice(_0{});
+    Tensor tVgV = group_modes<0, 3>(tma_vt.partition_S(g_vt));  // (TMA, n_blocks)
+    Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
+    for (int t = 0; t < blocks.num_blocks(); ++t) {
+      load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, blocks.block_at(t), leader);
+    }
+    __syncwarp();
+  }
 
+  // ---- Consumer side, run by each consumer warpgroup (thread_in_wg in [0, 128)) ----
+  //
+  // A tile's blocks t = 0 .. n - 1 (visiting order: KvBlockRange::block_at), with the PV GEMM one block behind:
+  //   first block   S_0 = Q K_0^T; P_0 = softmax(S_0)                           (first_block or finish_prefetch)
+  //   steady step t issue S_t = Q K_t^T and O += P_{t-1} V_{t-1} on the warpgroup's turn (ping-pong), then
+  //                 softmax of S_t while the PV GEMM runs, rescale O, P_t       (steady_blocks)
+  //   tail          issue O += P_{n-1} V_{n-1} on the warpgroup's turn, and with it the next tile's S_0 where its Q
+  //                 buffer is already loaded (a second Q buffer): the kernel's epilogue of this tile then runs
+  //                 while that GEMM occupies the tensor cores, and the next tile's first softmax takes part in
+  //                 the ping-pong instead of idling them (tail, then finish_prefetch)
+  // Every warpgroup takes one ping-pong turn per steady step and one per tail, and all walk the same tiles, so the
+  // turns stay in one round across tiles.
+
+  // Register state a consumer warpgroup carries from block to block and from one tile into the next.
+  using FragS = decltype(cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<WgRows, BlockN>{}));
+  using FragP = decltype(cute::make_tensor<Element>(common::wgmma_acc_as_a_layout(FragS{}.layout())));
+  struct ConsumerState {
+    StateK read_k;
+    StateV read_v;
+    FragS s;  // S_t, then P_t in fp32 until converted
+    FragP p;  // P_t as the A operand of O += P V
+  };
+
+  // What the consumers need of one tile with work.
+  struct ConsumerTile {
+    QuerySlot q_slot;
+    common::KvBlockRange blocks;
+    common::TileMask mask;  // the warpgroup's rows
+  };
+
+  static constexpr bool kCanPrefetchQuery = kQStages == 2;
+
+  // The warpgroup's view of its Q rows, the K and V stages, and its GEMMs.
+  struct Operands {
     TiledMmaQK mma_qk;
     TiledMmaPV mma_pv;
-    auto thr_mma_qk = mma_qk.get_thread_slice(thread_in_wg);
-    auto thr_mma_pv = mma_pv.get_thread_slice(thread_in_wg);
-    Tensor tSrQ = thr_mma_qk.partition_fragment_A(s_q);   // smem descriptors
-    Tensor tSrK = thr_mma_qk.partition_fragment_B(s_k);   // (MMA, N, K, stage)
-    Tensor tOrV = thr_mma_pv.partition_fragment_B(s_vt);  // (MMA, N, K, stage)
-    Tensor tSrS = partition_fragment_C(mma_qk, Shape<WgRows, BlockN>{});
-    Tensor tSrS_rc = common::wgmma_acc_rowcol_view(tSrS);
-    Tensor tOrP = make_tensor<Element>(common::wgmma_acc_as_a_layout(tSrS.layout()));
-    Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
-    // Warpgroup-local (row, col) of each score this thread holds, for the band mask.
-    Tensor tScS_rc =
-        common::wgmma_acc_rowcol_view(thr_mma_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
-
-    float correction[Softmax::kNumRows];
-    const int num_blocks = blocks.num_blocks();
-    const int num_masked = blocks.num_masked();
-    auto scores_to_probabilities = [&](int t) {
-      transform_and_mask_scores(tSrS_rc, tScS_rc, transform, tile_mask, t < num_masked,
-                                blocks.block_at(t) * kBlockN);
-      softmax.update(tSrS_rc, correction);
-    };
-    auto release = [](auto& pipeline, auto& state) {
-      pipeline.consumer_release(state);
-      ++state;
-    };
-
-    clear(acc_o);
-    barriers.q[q_slot.buffer].wait(q_slot.phase);
-
-    // First block: nothing to overlap with, and O is still zero (no rescale).
-    pipeline_k.consumer_wait(read_k);
-    common::wgmma_gemm</*kZeroInit=*/true, /*kWaitGroups=*/0>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-    release(pipeline_k, read_k);
-    scores_to_probabilities(0);
-    common::convert_fragment_into(tSrS, tOrP);
-
-    CUTE_NO_UNROLL
-    for (int t = 1; t < num_blocks; ++t) {
-      cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
-      pipeline_k.consumer_wait(read_k);
-      common::wgmma_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
-      pipeline_v.consumer_wait(read_v);
-      common::wgmma_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
-      cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
-
-      warpgroup_wait<1>();  // S_t is complete; the PV GEMM may still run
-      warpgroup_fence_operand(tSrS);
-      release(pipeline_k, read_k);
-      scores_to_probabilities(t);
-
-      warpgroup_wait<0>();  // the PV GEMM is complete: O and P are ours again
-      warpgroup_fence_operand(acc_o);
-      warpgroup_fence_operand(tOrP);
-      release(pipeline_v, read_v);
-      Softmax::rescale_o(acc_o_rc, correction);
-      common::convert_fragment_into(tSrS, tOrP);
+    decltype(TiledMmaQK{}.get_thread_slice(0)) thr_mma_qk;
+    decltype(TiledMmaPV{}.get_thread_slice(0)) thr_mma_pv;
+    __device__ __forceinline__ Operands(int thread_in_wg)
+        : thr_mma_qk(mma_qk.get_thread_slice(thread_in_wg)), thr_mma_pv(mma_pv.get_thread_slice(thread_in_wg)) {}
+    __device__ __forceinline__ auto q(TensorStorage& tensors, const QuerySlot& slot, int warpgroup) {
+      using namespace cute;
+      return thr_mma_qk.partition_fragment_A(make_tensor(
+          make_smem_ptr(tensors.q.data() + slot.buffer * kQElems + warpgroup * kQHalfElems), SmemLayoutQHalf{}));
     }
+    __device__ __forceinline__ auto k(TensorStorage& tensors) {  // (MMA, N, K, stage) descriptors
+      using namespace cute;
+      return thr_mma_qk.partition_fragment_B(make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{}));
+    }
+    __device__ __forceinline__ auto vt(TensorStorage& tensors) {  // (MMA, N, K, stage) descriptors
+      using namespace cute;
+      return thr_mma_pv.partition_fragment_B(make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{}));
+    }
+  };
 
-    pipeline_v.consumer_wait(read_v);
-    common::wgmma_gemm<false, 0>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), acc_o);
-    release(pipeline_v, read_v);
+  template <typename Pipeline, typename State>
+  __device__ __forceinline__ static void release(Pipeline& pipeline, State& state) {
+    pipeline.consumer_release(state);
+    ++state;
+  }
+
+  // softcap, band mask (kMasked: the block needs the per-element mask; the masked blocks come first in visiting
+  // order and run in a loop of their own, so the unmasked bulk carries none of the mask's code or registers) and
+  // online softmax of S_t, in place; correction[r] is what O's row r must be rescaled by.
+  template <bool kMasked, typename Softmax>
+  __device__ __forceinline__ static void scores_to_probabilities(ConsumerState& state, Operands& ops, const ConsumerTile& tile,
+                                                 int t, const common::ScoreTransform& transform, Softmax& softmax,
+                                                 float (&correction)[Softmax::kNumRows]) {
+    using namespace cute;
+    Tensor s_rc = common::wgmma_acc_rowcol_view(state.s);
+    // Warpgroup-local (row, col) of each score this thread holds, for the band mask.
+    Tensor coords_rc =
+        common::wgmma_acc_rowcol_view(ops.thr_mma_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
+    transform_and_mask_scores<kMasked>(s_rc, coords_rc, transform, tile.mask, tile.blocks.block_at(t) * kBlockN);
+    softmax.update(s_rc, correction);
+  }
+
+  // Block 0 of a tile whose S_0 has been computed into state.s: O cleared, a fresh softmax, P_0.
+  template <typename AccO, typename Softmax>
+  __device__ __forceinline__ static void first_block_softmax(ConsumerState& state, Operands& ops, const ConsumerTile& tile,
+                                             const common::ScoreTransform& transform, AccO& acc_o,
+                                             Softmax& softmax) {
+    cute::clear(acc_o);
+    softmax = Softmax(transform.exp2_scale);
+    float correction[Softmax::kNumRows];  // O is zero: nothing to rescale
+    if (tile.blocks.num_masked() > 0) {
+      scores_to_probabilities<true>(state, ops, tile, 0, transform, softmax, correction);
+    } else {
+      scores_to_probabilities<false>(state, ops, tile, 0, transform, softmax, correction);
+    }
+    common::convert_fragment_into(state.s, state.p);
+  }
+
+  // Block 0 of a tile when nothing is in flight (the CTA's first tile, or no second Q buffer to prefetch into).
+  template <typename AccO, typename Softmax>
+  __device__ __forceinline__ static void first_block(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
+                                     ConsumerState& state, const ConsumerTile& tile, int warpgroup, int thread_in_wg,
+                                     const common::ScoreTransform& transform, AccO& acc_o, Softmax& softmax) {
+    using namespace cute;
+    Operands ops(thread_in_wg);
+    Tensor tSrQ = ops.q(tensors, tile.q_slot, warpgroup);
+    Tensor tSrK = ops.k(tensors);
+    barriers.q[tile.q_slot.buffer].wait(tile.q_slot.phase);
+    pipeline_k.consumer_wait(state.read_k);
+    common::wgmma_gemm</*kZeroInit=*/true, /*kWaitGroups=*/0>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()),
+                                                              state.s);
+    release(pipeline_k, state.read_k);
+    first_block_softmax(state, ops, tile, transform, acc_o, softmax);
+  }
+
+  // Step t >= 1 of a tile (see above). Only warpgroup 0 polls the K and V full barriers: a later warpgroup is
+  // granted its turn (ping_pong) only after the one before it waited for the same K and V stages and issued its
+  // GEMMs, so the data has landed.
+  template <bool kMasked, typename TQ, typename TK, typename TV, typename AccORC, typename AccO, typename Softmax>
+  __device__ __forceinline__ static void steady_step(PipelineK& pipeline_k, PipelineV& pipeline_v,
+                                                     ConsumerState& state, Operands& ops, TQ& tSrQ, TK& tSrK,
+                                                     TV& tOrV, AccORC& acc_o_rc, const ConsumerTile& tile, int t,
+                                                     int warpgroup, const common::ScoreTransform& transform,
+                                                     AccO& acc_o, Softmax& softmax) {
+    using namespace cute;
+    const bool polls_stages = warpgroup == 0;
+    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+    if (polls_stages) pipeline_k.consumer_wait(state.read_k);
+    common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
+    if (polls_stages) pipeline_v.consumer_wait(state.read_v);
+    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+
+    warpgroup_wait<1>();  // S_t is complete; the PV GEMM may still run
+    warpgroup_fence_operand(state.s);
+    release(pipeline_k, state.read_k);
+    float correction[Softmax::kNumRows];
+    scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
+
+    warpgroup_wait<0>();  // the PV GEMM is complete: O and P are ours again
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(state.p);
+    release(pipeline_v, state.read_v);
+    Softmax::rescale_o(acc_o_rc, correction);
+    common::convert_fragment_into(state.s, state.p);
+  }
+
+  // Steps t = 1 .. n - 1 of a tile.
+  template <typename AccO, typename Softmax>
+  __device__ __forceinline__ static void steady_blocks(TensorStorage& tensors, PipelineK& pipeline_k, PipelineV& pipeline_v,
+                                       ConsumerState& state, const ConsumerTile& tile, int warpgroup,
+                                       int thread_in_wg, const common::ScoreTransform& transform, AccO& acc_o,
+                                       Softmax& softmax) {
+    using namespace cute;
+    Operands ops(thread_in_wg);
+    Tensor tSrQ = ops.q(tensors, tile.q_slot, warpgroup);
+    Tensor tSrK = ops.k(tensors);
+    Tensor tOrV = ops.vt(tensors);
+    Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
+    const int num_blocks = tile.blocks.num_blocks();
+    const int num_masked = tile.blocks.num_masked();
+    CUTE_NO_UNROLL
+    for (int t = 1; t < num_masked; ++t) {
+      steady_step<true>(pipeline_k, pipeline_v, state, ops, tSrQ, tSrK, tOrV, acc_o_rc, tile, t, warpgroup, transform,
+                        acc_o, softmax);
+    }
+    CUTE_NO_UNROLL
+    for (int t = num_masked > 1 ? num_masked : 1; t < num_blocks; ++t) {
+      steady_step<false>(pipeline_k, pipeline_v, state, ops, tSrQ, tSrK, tOrV, acc_o_rc, tile, t, warpgroup,
+                         transform, acc_o, softmax);
+    }
+  }
+
+  // The tile's last PV GEMM, on the warpgroup's turn. Returns with acc_o complete (the kernel's epilogue reads it).
+  template <typename AccO>
+  __device__ __forceinline__ static void tail(TensorStorage& tensors, PipelineV& pipeline_v, ConsumerState& state,
+                                              int warpgroup, int thread_in_wg, AccO& acc_o) {
+    using namespace cute;
+    Operands ops(thread_in_wg);
+    Tensor tOrV = ops.vt(tensors);
+    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+    pipeline_v.consumer_wait(state.read_v);
+    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(state.p);
+    release(pipeline_v, state.read_v);
+  }
+
+  // tail(), and in the same turn S_0 = Q K_0^T of the next tile, left in flight (kCanPrefetchQuery: the next
+  // tile's Q has a buffer of its own). finish_prefetch then takes S_0.
+  template <typename AccO>
+  __device__ __forceinline__ static void tail_and_prefetch(TensorStorage& tensors, BarrierStorage& barriers,
+                                                           PipelineK& pipeline_k, PipelineV& pipeline_v,
+                                                           ConsumerState& state, const ConsumerTile& next,
+                                                           int warpgroup, int thread_in_wg, AccO& acc_o) {
+    using namespace cute;
+    static_assert(kCanPrefetchQuery);
+    Operands ops(thread_in_wg);
+    Tensor tOrV = ops.vt(tensors);
+    Tensor tSrQ = ops.q(tensors, next.q_slot, warpgroup);
+    Tensor tSrK = ops.k(tensors);
+    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+    pipeline_v.consumer_wait(state.read_v);
+    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+    barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
+    pipeline_k.consumer_wait(state.read_k);
+    common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
+    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+    warpgroup_wait<1>();  // the PV GEMM is complete; S_0 may still run
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(state.p);
+    release(pipeline_v, state.read_v);
+  }
+
+  // The next tile's S_0, issued by tail_and_prefetch(): wait for it, then as first_block.
+  template <typename AccO, typename Softmax>
+  __device__ __forceinline__ static void finish_prefetch(PipelineK& pipeline_k, ConsumerState& state, const ConsumerTile& tile,
+                                         int thread_in_wg, const common::ScoreTransform& transform, AccO& acc_o,
+                                         Softmax& softmax) {
+    using namespace cute;
+    Operands ops(thread_in_wg);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(state.s);
+    release(pipeline_k, state.read_k);
+    first_block_softmax(state, ops, tile, transform, acc_o, softmax);
   }
 };
 

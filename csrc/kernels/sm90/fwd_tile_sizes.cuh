@@ -1,6 +1,6 @@
-// Tile sizes of the sm90 forward kernel: one pure function of the head dim and of whether the call's query rows
-// see many keys (see fwd_launch.cuh's many_keys). Where the two answers differ, the instantiation holds both
-// kernels and picks at launch.
+// Tile sizes of the sm90 forward kernel: one pure function of the head dim and of how many keys the call's query rows
+// see (FwdKeyLoad, classified per call by fwd_launch.cuh's key_load). Where the answers differ, the instantiation
+// holds each distinct kernel and picks at launch.
 //
 // kBlockM is 64 query rows (one wgmma M atom) per consumer warpgroup, two or three of them taking turns on the
 // tensor cores (ping-pong). kBlockN (keys per mainloop step) is bounded by
@@ -20,7 +20,15 @@ struct FwdTileSizes {
   int block_n;
 };
 
-constexpr FwdTileSizes fwd_tile_sizes(int head_dim, bool many_keys) {
+// Each class contains the next: kManyLongRows calls are kMany calls too.
+enum class FwdKeyLoad {
+  kFew,           // at most one 128-row tile of queries, or a band whose middle row sees < 2048 keys
+  kMany,          // the rest
+  kManyLongRows,  // no band, more than one 128-row tile, and every row sees >= 8192 keys
+};
+
+constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
+  const bool many_keys = load != FwdKeyLoad::kFew;
   // D = 64: the exp2 work per key is as large as the GEMM work (64 x 128 exponentials per warpgroup and block
   // take the SFU as long as the block's two GEMMs take the tensor cores), so a third consumer warpgroup (FA3's
   // 192 x 128; S 64 + P 32 + O 32 registers under 160) keeps the tensor cores fed while two others exponentiate:
@@ -31,11 +39,13 @@ constexpr FwdTileSizes fwd_tile_sizes(int head_dim, bool many_keys) {
   // D = 96: smem is small (112 KB); S 64 + P 32 + O 48 registers. (Three warpgroups would leave 160 registers for
   // 144 of fragments: not tried.)
   if (head_dim <= 96) return {128, 128};
-  // D = 128: 128 keys per step (160 KB; S 64 + P 32 + O 64 registers). FA3 takes 176 without a band (208 KB) to
-  // spread per-step costs over more keys; here the smaller tile leaves room for a second Q buffer, so consecutive
-  // tiles overlap (measured 1-2% faster at S = 2k-8k, bench/NOTES.md v3), and for a third K stage (O is then
-  // staged in the Q buffer: FwdKernelSm90's buffer plans).
-  if (head_dim <= 128) return {128, 128};
+  // D = 128: 128 keys per step (160 KB; S 64 + P 32 + O 64 registers) leaves room for a second Q buffer, so that
+  // the next tile's Q is loaded and its first GEMM issued while this tile drains (bench/NOTES.md v5), and for a
+  // third K stage (O is then staged in the Q buffer: FwdKernelSm90's buffer plans). On rows of >= 8192 keys
+  // without a band, FA3's 176 keys per step (208 KB: one Q buffer, two K stages; S 88 + P 44 + O 64 registers)
+  // spreads the per-step costs over more keys and wins 2-4% (S = 8k / 16k), while the last, partial block
+  // costs <= 1%; at S = 4k it lost 4% (v5).
+  if (head_dim <= 128) return load == FwdKeyLoad::kManyLongRows ? FwdTileSizes{128, 176} : FwdTileSizes{128, 128};
   // D = 192: Q 48 + K 84 + V 84 = 216 KB, the largest multiple of 16 that fits; S 56 + P 28 + O 96 registers.
   if (head_dim <= 192) return {128, 112};
   // D = 256: Q 64 + K 80 + V 80 = 224 KB, the smem limit (FA3's choice); S 40 + P 20 + O 128 registers.
