@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]   stages: build info tests tests80 sanitize bench ncu (default: all but build and ncu)
+#   tools/device_check.sh [stage ...]   stages: build info tests tests_capped tests80 sanitize bench ncu
+#                                        (default: all but build and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
 #   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
@@ -14,7 +15,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
-STAGES=${*:-info tests tests80 sanitize bench}
+STAGES=${*:-info tests tests_capped tests80 sanitize bench}
 declare -A RESULT
 
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -48,6 +49,17 @@ run_gpu_tests() {  # $1: mode
   record "tests_$1" "$(tail -1 "$OUT/gpu_tests_$1.log") (rc $rc)"
 }
 if stage tests; then run_gpu_tests default; fi
+if stage tests_capped; then
+  # The sm90 forward with its persistent grid capped at CAPPED_CTAS (default 3) CTAs, so that every CTA runs many
+  # tiles (the carry-over from one tile to the next, empty tiles between tiles with work) even on the sweep's
+  # small problems. The same cap applies to the sanitize stage when FLASHJAX_SM90_MAX_CTAS is set for it.
+  FLASHJAX_SM90_MAX_CTAS=${CAPPED_CTAS:-3} FLASHJAX_SWEEP_N=${CAPPED_SWEEP_N:-40} timeout "${TEST_TIMEOUT:-1800}" \
+    $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider -rf -k "sweep or tile or several" \
+    > "$OUT/gpu_tests_capped.log" 2>&1
+  rc=$?
+  grep -E "^FAILED" "$OUT/gpu_tests_capped.log" | cut -c1-400 | head -20
+  record tests_capped "$(tail -1 "$OUT/gpu_tests_capped.log") (rc $rc)"
+fi
 if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then
   # compute-sanitizer runs tests/sanitize's flashjax_sanitize (built by the build stage): our kernels launched from
@@ -119,7 +131,7 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info tests_default tests_sm80 sanitize memcheck_default memcheck_sm80 racecheck_default \
+for key in build info tests_default tests_capped tests_sm80 sanitize memcheck_default memcheck_sm80 racecheck_default \
            racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
