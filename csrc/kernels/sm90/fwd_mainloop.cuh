@@ -254,9 +254,10 @@ struct FwdMainloopSm90 {
   //   tail          issue O += P_{n-1} V_{n-1} on the warpgroup's turn, and with it the next tile's S_0 where its Q
   //                 buffer is already loaded (a second Q buffer): the kernel's epilogue of this tile then runs
   //                 while that GEMM occupies the tensor cores, and the next tile's first softmax takes part in
-  //                 the ping-pong instead of idling them (tail, then finish_prefetch)
+  //                 the ping-pong instead of idling them (tail_and_prefetch, then finish_prefetch; tail alone
+  //                 after the CTA's last tile or with one Q buffer)
   // Every warpgroup takes one ping-pong turn per steady step and one per tail, and all walk the same tiles, so the
-  // turns stay in one round across tiles.
+  // turns stay in one round across tiles. (A tail outside the round measured equal or slower: bench/NOTES.md v5.)
 
   // Register state a consumer warpgroup carries from block to block and from one tile into the next.
   using FragS = decltype(cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<WgRows, BlockN>{}));
