@@ -41,24 +41,22 @@ fi
 # so the portable family runs everywhere.
 disabled_for() { [ "$1" = sm80 ] && echo sm90 || true; }
 
-run_gpu_tests() {  # $1: mode
-  FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$1")" timeout "${TEST_TIMEOUT:-1800}" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
-    -rf --durations=8 ${PYTEST_ARGS:-} > "$OUT/gpu_tests_$1.log" 2>&1
+run_gpu_tests() {  # $1: mode, $2: tag for the log and summary (default: the mode), then extra pytest arguments
+  local mode=$1 tag=${2:-$1}
+  shift $(( $# < 2 ? $# : 2 ))
+  FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$mode")" timeout "${TEST_TIMEOUT:-1800}" $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider \
+    -rf --durations=8 ${PYTEST_ARGS:-} "$@" > "$OUT/gpu_tests_$tag.log" 2>&1
   local rc=$?
-  grep -E "^FAILED|s call " "$OUT/gpu_tests_$1.log" | cut -c1-400 | head -20
-  record "tests_$1" "$(tail -1 "$OUT/gpu_tests_$1.log") (rc $rc)"
+  grep -E "^FAILED|s call " "$OUT/gpu_tests_$tag.log" | cut -c1-400 | head -20
+  record "tests_$tag" "$(tail -1 "$OUT/gpu_tests_$tag.log") (rc $rc)"
 }
 if stage tests; then run_gpu_tests default; fi
 if stage tests_capped; then
   # The sm90 forward with its persistent grid capped at CAPPED_CTAS (default 3) CTAs, so that every CTA runs many
   # tiles (the carry-over from one tile to the next, empty tiles between tiles with work) even on the sweep's
   # small problems. The same cap applies to the sanitize stage when FLASHJAX_SM90_MAX_CTAS is set for it.
-  FLASHJAX_SM90_MAX_CTAS=${CAPPED_CTAS:-3} FLASHJAX_SWEEP_N=${CAPPED_SWEEP_N:-40} timeout "${TEST_TIMEOUT:-1800}" \
-    $PY -m pytest -q -n "${FLASHJAX_TEST_JOBS:-8}" tests/gpu -p no:cacheprovider -rf -k "sweep or tile or several" \
-    > "$OUT/gpu_tests_capped.log" 2>&1
-  rc=$?
-  grep -E "^FAILED" "$OUT/gpu_tests_capped.log" | cut -c1-400 | head -20
-  record tests_capped "$(tail -1 "$OUT/gpu_tests_capped.log") (rc $rc)"
+  FLASHJAX_SM90_MAX_CTAS=${CAPPED_CTAS:-3} FLASHJAX_SWEEP_N=${CAPPED_SWEEP_N:-40} \
+    run_gpu_tests default capped -k "sweep or tile or several"
 fi
 if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then
