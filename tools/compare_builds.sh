@@ -26,12 +26,16 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       || { echo "$name round $round: bench failed"; tail -5 "$OUT/compare_${name}_$round.log"; }
   done
 done
-$PY - "$OUT" "${names[@]}" <<'EOF'
-import glob, json, statistics, sys
-out, names = sys.argv[1], sys.argv[2:]
+$PY - "$OUT" "${ROUNDS:-1}" "${names[@]}" <<'EOF'
+import json, os, statistics, sys
+out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 table = {}  # row -> name -> [(flashjax, cudnn)]
 for name in names:
-    for path in sorted(glob.glob(f"{out}/compare_{name}_*.json")):
+    # This call's rounds only: a glob would also take files an earlier call left in $OUT, or another build's
+    # whose name starts with this one's and an underscore.
+    for path in (f"{out}/compare_{name}_{r}.json" for r in range(1, rounds + 1)):
+        if not os.path.exists(path):  # its bench run failed (reported above)
+            continue
         for row in json.load(open(path))["rows"]:
             res = row["results"].get("fwd", {})
             fj, cd = res.get("flashjax", {}), res.get("cudnn", {})
