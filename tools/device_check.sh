@@ -56,7 +56,7 @@ if stage tests_capped; then
   # tiles (the carry-over from one tile to the next, empty tiles between tiles with work) even on the sweep's
   # small problems. The same cap applies to the sanitize stage when FLASHJAX_SM90_MAX_CTAS is set for it.
   FLASHJAX_SM90_MAX_CTAS=${CAPPED_CTAS:-3} FLASHJAX_SWEEP_N=${CAPPED_SWEEP_N:-40} \
-    run_gpu_tests default capped -k "sweep or tile or several"
+    run_gpu_tests default capped -k "sweep or tile or several or past_the_last_row"
 fi
 if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then

@@ -17,6 +17,13 @@
 
 namespace flashjax::common {
 
+// log2(x) on the special-function unit (~2^-22 relative error for normal x; finalize's x is >= 1).
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];
@@ -102,10 +109,14 @@ struct OnlineSoftmax {
       float out_scale = 0.f;
       lse[r] = -INFINITY;
       if (common_max != -INFINITY) {
-        const float scores_weight = exp2f(scores_max - common_max);
-        const float denominator = sum * scores_weight + exp2f(sink_log2 - common_max);
-        out_scale = scores_weight / denominator;
-        lse[r] = (common_max + log2f(denominator)) * kLn2;
+        // The approximate forms suffice and keep this per-tile step short (the IEEE division and log2f are ~40
+        // instructions each per row, on the path between a tile's last GEMM and the next tile's first, see
+        // bench/NOTES.md v6): both exponents are <= 0, and the denominator is >= 1 (its largest term is exp2(0)),
+        // far from the ranges where ex2/lg2.approx or the fast division lose accuracy.
+        const float scores_weight = exp2_ftz(scores_max - common_max);
+        const float denominator = sum * scores_weight + exp2_ftz(sink_log2 - common_max);
+        out_scale = __fdividef(scores_weight, denominator);
+        lse[r] = (common_max + log2_approx(denominator)) * kLn2;
       }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= out_scale;

@@ -206,27 +206,32 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto sink_log2_of = [&](int head_q) {
     return params.sinks != nullptr ? params.sinks[head_q] * common::kLog2e : -INFINITY;
   };
-  // The next tile with work from tile_index on (num_tiles if none). Tiles on the way whose rows see no key are
-  // written out here (out = 0, lse = -inf or the sink): they use neither shared memory nor the tensor cores, so
-  // they may go while the previous tile's GEMMs are still in flight.
+  // A tile index, its coordinates and its KV blocks (the CTA's: every warpgroup consumes the same K/V stages).
+  struct ScheduledTile {
+    int index;  // num_tiles: the CTA has no more
+    typename Scheduler::Tile tile;
+    common::KvBlockRange blocks;
+  };
+  // The next tile with work from tile_index on. Tiles on the way whose rows see no key are written out here
+  // (out = 0, lse = -inf or the sink): they use neither shared memory nor the tensor cores, so they may go while
+  // the previous tile's GEMMs are still in flight.
   auto next_tile_with_work = [&](int tile_index) {
     for (; tile_index < params.scheduler.num_tiles;
          tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
-      if (!band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM).empty()) break;
+      const auto blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+      if (!blocks.empty()) return ScheduledTile{tile_index, tile, blocks};
       float lse[2];
       FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2_of(tile.head_q), lse);
       Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
     }
-    return tile_index;
+    return ScheduledTile{tile_index, {}, {}};
   };
   int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
-  // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks (the CTA's: every warpgroup consumes the
-  // same K/V stages) and the warpgroup's band mask.
-  auto consumer_tile = [&](const typename Scheduler::Tile& tile, int n) {
-    const int m_start = tile.m_block * kBlockM;
-    return typename Mainloop::ConsumerTile{typename Mainloop::QuerySlot(n),
-                                           band.template kv_blocks<kBlockM, kBlockN>(m_start),
+  // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks and the warpgroup's band mask.
+  auto consumer_tile = [&](const ScheduledTile& scheduled, int n) {
+    const int m_start = scheduled.tile.m_block * kBlockM;
+    return typename Mainloop::ConsumerTile{typename Mainloop::QuerySlot(n), scheduled.blocks,
                                            band.tile_mask(m_start + consumer_wg * Mainloop::kRowsPerWarpgroup)};
   };
 
@@ -247,10 +252,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
   };
 
-  int tile_index = next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x));
-  if (tile_index < params.scheduler.num_tiles) {
-    auto tile = Scheduler::tile(params.scheduler, tile_index);
-    auto work = consumer_tile(tile, tiles_with_work++);
+  ScheduledTile scheduled = next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x));
+  if (scheduled.index < params.scheduler.num_tiles) {
+    auto tile = scheduled.tile;
+    auto work = consumer_tile(scheduled, tiles_with_work++);
     Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, work, consumer_wg, thread_in_wg,
                           transform, acc_o, softmax);
     while (true) {
@@ -258,11 +263,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                               transform, acc_o, softmax);
       // Every wgmma that reads this tile's Q has been waited on: with O staged elsewhere, a later Q may land now.
       if constexpr (Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
-      tile_index = next_tile_with_work(Scheduler::next_tile(params.scheduler, tile_index, gridDim.x));
-      if (tile_index >= params.scheduler.num_tiles) break;
+      scheduled = next_tile_with_work(Scheduler::next_tile(params.scheduler, scheduled.index, gridDim.x));
+      if (scheduled.index >= params.scheduler.num_tiles) break;
 
-      const auto next_tile = Scheduler::tile(params.scheduler, tile_index);
-      const auto next_work = consumer_tile(next_tile, tiles_with_work++);
+      const auto next_tile = scheduled.tile;
+      const auto next_work = consumer_tile(scheduled, tiles_with_work++);
       if constexpr (Mainloop::kCanPrefetchQuery) {
         // The next tile's first GEMM goes out with this tile's last one (its Q has a buffer of its own), and runs
         // while this tile's epilogue does.

@@ -15,6 +15,8 @@
 // the heaviest m-block is numbered first, so the longest tiles start in the first wave.
 #pragma once
 
+#include <cutlass/fast_math.h>
+
 #include <climits>
 #include <cstdint>
 
@@ -32,6 +34,11 @@ struct FwdTileSchedulerSm90 {
     int num_tiles;
     bool last_m_block_first;  // the last m-block is the heaviest: rank m-blocks from the end
     bool paired;              // hand tiles out in (heavy, light) pairs
+    // Division by num_m_blocks and heads_q as a multiply and shift: every consumer warp decodes every tile index
+    // between two of its GEMM turns, where a full integer division (~25 instructions each, two per tile) adds to the
+    // gap the other warpgroups' GEMMs must cover (ncu at D 64 S 512: ~500 integer instructions per warp per tile).
+    cutlass::FastDivmod m_blocks_divmod;
+    cutlass::FastDivmod heads_divmod;
   };
 
   struct Tile {
@@ -56,8 +63,13 @@ struct FwdTileSchedulerSm90 {
       last_first = last_blocks > first_blocks;
       uneven = last_blocks != first_blocks;
     }
-    return {num_m_blocks, shape.heads_q, num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles), last_first,
-            uneven && num_tiles >= 2 * int64_t(num_sms)};
+    return {num_m_blocks,
+            shape.heads_q,
+            num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles),
+            last_first,
+            uneven && num_tiles >= 2 * int64_t(num_sms),
+            cutlass::FastDivmod(num_m_blocks > 0 ? num_m_blocks : 1),
+            cutlass::FastDivmod(shape.heads_q > 0 ? shape.heads_q : 1)};
   }
 
   static int grid_size(const Params& params, int num_sms) {
@@ -70,18 +82,20 @@ struct FwdTileSchedulerSm90 {
   __host__ __device__ static int first_tile(const Params& params, int cta) { return params.paired ? 2 * cta : cta; }
   __host__ __device__ static int next_tile(const Params& params, int tile, int grid) {
     if (!params.paired) return tile + grid;
-    return tile % 2 == 0 ? tile + 1 : tile - 1 + 2 * grid;
+    return (tile & 1) == 0 ? tile + 1 : tile - 1 + 2 * grid;
   }
 
+  // tile in [0, num_tiles).
   __host__ __device__ static Tile tile(const Params& params, int tile) {
     const int num_m = params.num_m_blocks;
-    const int index = tile % num_m;
-    const int head_batch = tile / num_m;
+    int index, head_batch, head, batch;
+    params.m_blocks_divmod(head_batch, index, tile);
+    params.heads_divmod(batch, head, head_batch);
     // rank r: the r-th heaviest m-block. Paired: even positions take ranks 0, 1, ... from the heavy end, odd
     // positions ranks M - 1, M - 2, ... from the light end (disjoint and complete for odd M too).
-    const int rank = !params.paired ? index : index % 2 == 0 ? index / 2 : num_m - 1 - index / 2;
-    return {params.last_m_block_first ? num_m - 1 - rank : rank, head_batch % params.heads_q,
-            head_batch / params.heads_q};
+    const int half = index >> 1;
+    const int rank = !params.paired ? index : (index & 1) == 0 ? half : num_m - 1 - half;
+    return {params.last_m_block_first ? num_m - 1 - rank : rank, head, batch};
   }
 };
 
