@@ -379,15 +379,8 @@ struct FwdMainloopSm90 {
     release(pipeline_k, state.read_k);
     float correction[Softmax::kNumRows];
     scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
-    // The softmax must run while the PV GEMM does: the wait below is a volatile asm, which keeps memory accesses
-    // and other volatile asms in order but not register arithmetic, and ptxas did schedule nearly all of the
-    // softmax after it (SASS at D 64: the PV wait right after the first FMNMX), so each warpgroup waited for its
-    // PV GEMM before starting the exps. Fencing the softmax's outputs (operand fences are volatile asms that
-    // read and write the registers) pins it above the wait.
-    warpgroup_fence_operand(state.s);
-    softmax.fence_statistics();
-    CUTE_UNROLL
-    for (int r = 0; r < Softmax::kNumRows; ++r) warpgroup_fence_operand(correction[r]);
+    // Meant to overlap the PV GEMM, but ptxas interleaves P's conversion (below, into state.p, which that GEMM
+    // reads) with the exps and so places this wait before nearly all of the softmax: bench/NOTES.md v6.
     warpgroup_wait<0>();  // the PV GEMM is complete: O and P are ours again
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);

@@ -49,16 +49,6 @@ struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
     }
   }
 
-  // Operand fences on the running statistics (see FwdMainloopSm90::steady_step): their updates stay above a
-  // following wgmma wait.
-  __device__ __forceinline__ void fence_statistics() {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      cute::warpgroup_fence_operand(Base::row_max[r]);
-      cute::warpgroup_fence_operand(row_sum[r]);
-    }
-  }
-
   template <typename AccORC>
   __device__ __forceinline__ static void rescale_o(AccORC& acc_o, const float (&correction)[kRows]) {
     using namespace cute;
