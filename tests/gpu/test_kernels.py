@@ -33,6 +33,12 @@ def _assert_kernel_matches_reference(cfg, rng, where):
     assert not bad, f"{cfg} ({where}): {bad}; all errors {errors}"
 
 
+def _assert_fixed_case_matches(cfg, cases, stream):
+    """A listed case on fresh inputs: its own random stream (stream + position in its list) under the run's seed."""
+    rng = np.random.default_rng([SEED, stream + cases.index(cfg)])
+    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
+
+
 @pytest.mark.parametrize("index", range(N))
 def test_sweep(index):
     rng = np.random.default_rng([SEED, index])
@@ -57,8 +63,7 @@ TILE_CHOICE_CASES = [
 
 @pytest.mark.parametrize("cfg", TILE_CHOICE_CASES, ids=str)
 def test_tile_choices(cfg):
-    rng = np.random.default_rng([SEED, 10_000 + TILE_CHOICE_CASES.index(cfg)])
-    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
+    _assert_fixed_case_matches(cfg, TILE_CHOICE_CASES, 10_000)
 
 
 # More tiles than two per SM (132 on an H100/H200), so that each persistent CTA runs several in a row: the sm90
@@ -78,8 +83,7 @@ SCHEDULE_CASES = [
 
 @pytest.mark.parametrize("cfg", SCHEDULE_CASES, ids=str)
 def test_several_tiles_per_cta(cfg):
-    rng = np.random.default_rng([SEED, 20_000 + SCHEDULE_CASES.index(cfg)])
-    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
+    _assert_fixed_case_matches(cfg, SCHEDULE_CASES, 20_000)
 
 
 # D 64 on 192-row tiles where the last tile of each head has warpgroups whose 64 rows all lie past Sq (they compute
@@ -96,8 +100,7 @@ IDLE_ROWS_CASES = [
 
 @pytest.mark.parametrize("cfg", IDLE_ROWS_CASES, ids=str)
 def test_warpgroups_past_the_last_row(cfg):
-    rng = np.random.default_rng([SEED, 30_000 + IDLE_ROWS_CASES.index(cfg)])
-    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
+    _assert_fixed_case_matches(cfg, IDLE_ROWS_CASES, 30_000)
 
 
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):
