@@ -1,0 +1,66 @@
+"""Compressed view of each sm90 forward steady step in a cuobjdump SASS listing (see tools/sass.sh).
+
+    python tools/sass_waits.py FILE.sass [--width N]
+
+For every kernel and every S wait (WARPGROUP.DEPBAR.LE gsb0, 0x1), prints the instructions that follow in address
+order up to the next BAR.SYNC (the next ping-pong turn) as runs of opcodes ("MUFUx3"), with WAIT0x0 for the PV
+wait and BRA[predicate->target] for branches.
+"""
+import argparse
+import re
+
+
+def kernels(path):
+    name, insts = None, []
+    for line in open(path):
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            if name:
+                yield name, insts
+            name, insts = m.group(1), []
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and name:
+            insts.append((int(m.group(1), 16), m.group(2).strip()))
+    if name:
+        yield name, insts
+
+
+def token(addr, text):
+    words = text.split()
+    predicate = words[0] if words[0].startswith("@") else ""
+    opcode = words[1] if predicate else words[0]
+    if opcode.startswith("WARPGROUP.DEPBAR"):
+        return "WAIT" + words[-1]
+    if opcode == "BRA":
+        return f"BRA[{predicate}->{words[-1][-5:]}]"
+    if opcode.startswith("BAR."):
+        return opcode
+    return opcode.split(".")[0]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sass")
+    parser.add_argument("--width", type=int, default=1200, help="characters per step shown")
+    args = parser.parse_args()
+    for name, insts in kernels(args.sass):
+        print(f"== {name}")
+        for i, (addr, text) in enumerate(insts):
+            if "DEPBAR.LE gsb0, 0x1" not in text:
+                continue
+            runs = []
+            for a, t in insts[i:]:
+                tok = token(a, t)
+                if runs and runs[-1][0] == tok:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([tok, 1])
+                if tok.startswith("BAR.SYNC"):
+                    break
+            line = " ".join(tok + (f"x{n}" if n > 1 else "") for tok, n in runs)
+            print(f"  from {addr:x}: {line[:args.width]}")
+
+
+if __name__ == "__main__":
+    main()
