@@ -17,13 +17,6 @@
 
 namespace flashjax::common {
 
-// log2(x) on the special-function unit (~2^-22 relative error for normal x; finalize's x is >= 1).
-__device__ __forceinline__ float log2_approx(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];

@@ -68,7 +68,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  if (max_ctas_for_tests() > 0 && max_ctas_for_tests() < num_sms) num_sms = max_ctas_for_tests();
+  if (const int cap = max_ctas_for_tests(); cap > 0 && cap < num_sms) num_sms = cap;
   const typename Scheduler::Params scheduler = Scheduler::to_params(params, num_sms);
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;

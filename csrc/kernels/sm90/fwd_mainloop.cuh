@@ -301,6 +301,16 @@ struct FwdMainloopSm90 {
     }
   };
 
+  // The ping-pong round: a warpgroup takes its turn on the tensor cores (waits until the previous one has issued
+  // its GEMMs) and, once its own are issued, passes the turn on (256 threads per barrier: the waiting warpgroup and
+  // the one granting the turn).
+  __device__ __forceinline__ static void take_turn(int warpgroup) {
+    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+  }
+  __device__ __forceinline__ static void pass_turn(int warpgroup) {
+    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+  }
+
   template <typename Pipeline, typename State>
   __device__ __forceinline__ static void release(Pipeline& pipeline, State& state) {
     pipeline.consumer_release(state);
@@ -367,20 +377,21 @@ struct FwdMainloopSm90 {
                                                      AccO& acc_o, Softmax& softmax) {
     using namespace cute;
     const bool polls_stages = warpgroup == 0;
-    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+    take_turn(warpgroup);
     if (polls_stages) pipeline_k.consumer_wait(state.read_k);
     common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
     if (polls_stages) pipeline_v.consumer_wait(state.read_v);
     common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
-    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+    pass_turn(warpgroup);
 
     warpgroup_wait<1>();  // S_t is complete; the PV GEMM may still run
     warpgroup_fence_operand(state.s);
     release(pipeline_k, state.read_k);
     float correction[Softmax::kNumRows];
     scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
-    // Meant to overlap the PV GEMM, but ptxas interleaves P's conversion (below, into state.p, which that GEMM
-    // reads) with the exps and so places this wait before nearly all of the softmax: bench/NOTES.md v6.
+    // Meant to let the softmax above overlap the PV GEMM. The PTX keeps this order, but ptxas places the wait
+    // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too); the cause
+    // is not found yet: bench/NOTES.md v6.
     warpgroup_wait<0>();  // the PV GEMM is complete: O and P are ours again
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);
@@ -422,10 +433,10 @@ struct FwdMainloopSm90 {
     using namespace cute;
     Operands ops(thread_in_wg);
     Tensor tOrV = ops.vt(tensors);
-    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+    take_turn(warpgroup);
     pipeline_v.consumer_wait(state.read_v);
     common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
-    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+    pass_turn(warpgroup);
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);
@@ -445,13 +456,13 @@ struct FwdMainloopSm90 {
     Tensor tOrV = ops.vt(tensors);
     Tensor tSrQ = ops.q(tensors, next.q_slot, warpgroup);
     Tensor tSrK = ops.k(tensors);
-    cutlass::arch::NamedBarrier::sync(2 * 128, FwdNamedBarrier::ping_pong(warpgroup));
+    take_turn(warpgroup);
     pipeline_v.consumer_wait(state.read_v);
     common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
     barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
     pipeline_k.consumer_wait(state.read_k);
     common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
-    cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong((warpgroup + 1) % kConsumerWarpgroups));
+    pass_turn(warpgroup);
     warpgroup_wait<1>();  // the PV GEMM is complete; S_0 may still run
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);
