@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("cudnn", "xla", "pallas", "flashjax")
+IMPLS = ("cudnn", "xla", "pallas", "fa3", "flashjax")
 REFERENCE_IMPLS = ("cudnn", "xla")  # correctness is judged against the first of these that ran
 REL_ERR_LIMIT = 2e-2  # bf16 kernels agree to ~5e-3; anything past this is a bug, not rounding
 XLA_MAX_SCORES = 4096 * 4096  # per (batch, head): XLA materializes Sq x Sk scores and probabilities
@@ -126,6 +126,10 @@ def attention_fn(impl, row, flashjax_backend):
         if window:
             raise Unsupported("Pallas mha has no local window")
         return lambda q, k, v: mha(q, k, v, None, sm_scale=row.scale, causal=row.causal)
+    if impl == "fa3":  # FlashAttention-3's own kernels through the flash_attn3_jax wheel (sm90 only)
+        from flash_attn3_jax import flash_mha
+        return lambda q, k, v: flash_mha(
+            q, k, v, softmax_scale=float(row.scale), is_causal=row.causal, window_size=tuple(row.window))
     if impl == "flashjax":
         import flashjax
         return lambda q, k, v: flashjax.flash_attn(

@@ -7,12 +7,20 @@
 #   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
 #   SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_MODES (default "default sm80"),
 #   SANITIZE_ARGS (flashjax_sanitize flags, e.g. "--only 3"), SANITIZE_DRIVER (the driver binary; default: the one
-#   the build stage made), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300).
+#   the build stage made), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL (the
+#   bench.py implementation and kernel-name regex the ncu stage profiles; default flashjax's forward).
+# Peers for bench.py that the machine lacks (e.g. flash_attn3_jax and einops, for --impls fa3) travel as wheels in
+# .devcarry/peers; they are unpacked into a temporary folder on PYTHONPATH (no network there: no pip resolution).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PEERS=""
+if compgen -G ".devcarry/peers/*.whl" > /dev/null; then
+  PEERS=$(mktemp -d)
+  for wheel in .devcarry/peers/*.whl; do ${PYTHON:-python3} -m zipfile -e "$wheel" "$PEERS"; done
+fi
+export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PEERS:+:$PEERS}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
 STAGES=${*:-info tests tests_capped tests80 sanitize bench}
@@ -111,11 +119,11 @@ if stage ncu; then
   # source page in $OUT/ncu_*.tgz.
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for spec in ${NCU_SPECS:-default:d128-s4096-full}; do
-    mode=${spec%%:*}; row=${spec#*:}; tag="ncu_${mode}_${row//[^A-Za-z0-9]/_}"
+    mode=${spec%%:*}; row=${spec#*:}; tag="ncu_${NCU_IMPL:-flashjax}_${mode}_${row//[^A-Za-z0-9]/_}"
     FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$mode")" timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
       --import-source no --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-fwd_kernel_sm}" \
       --launch-skip 2 --launch-count 1 -f -o "$OUT/$tag" \
-      $PY bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
+      $PY bench/bench.py --rows "^$row\$" --dirs fwd --impls "${NCU_IMPL:-flashjax}" --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
     rc=$?
     "$NCU" -i "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.source.csv" 2>&1
     { "$NCU" -i "$OUT/$tag.ncu-rep" --page details
