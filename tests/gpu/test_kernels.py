@@ -25,9 +25,14 @@ def test_sweep_seed_is_reported():
     print(f"FLASHJAX_SWEEP_SEED={SEED}")
 
 
-def _assert_kernel_matches_reference(cfg, rng, where):
-    """Forward and backward of `cfg` on fresh inputs from `rng`, kernel against reference (DESIGN.md §5)."""
+def _assert_kernel_matches_reference(cfg, rng, where, key_scale=None):
+    """Forward and backward of `cfg` on fresh inputs from `rng`, kernel against reference (DESIGN.md §5).
+    key_scale(Sk) -> (Sk,) multiplies the keys along the sequence."""
     inputs = sweep.make_inputs(cfg, rng)
+    if key_scale is not None:
+        q, k, *rest = inputs
+        k = (k.astype(jnp.float32) * key_scale(cfg.seqlen_k)[None, :, None, None]).astype(k.dtype)
+        inputs = (q, k, *rest)
     errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"), inputs)
     bad = sweep.check(cfg, errors)
     assert not bad, f"{cfg} ({where}): {bad}; all errors {errors}"
@@ -101,6 +106,26 @@ IDLE_ROWS_CASES = [
 @pytest.mark.parametrize("cfg", IDLE_ROWS_CASES, ids=str)
 def test_warpgroups_past_the_last_row(cfg):
     _assert_fixed_case_matches(cfg, IDLE_ROWS_CASES, 30_000)
+
+
+# Scores that grow along the keys (keys scaled from 0.5 to 12 along the sequence, so a row's max keeps rising by
+# tens in the log2 domain): the online softmax must rescale O whenever its reference max moves. The D 256 kernel
+# moves it only when the max grew past 2^8 (lazy rescale, csrc/kernels/sm90/fwd_softmax.cuh) and keeps it
+# otherwise, with probabilities up to 256 in 16-bit P; D 128 and 192 move it every block. Causal and not, ragged
+# lengths, several tiles per CTA.
+GROWING_MAX_CASES = [
+    sweep.Config("bfloat16", 2, 700, 1900, 4, 2, 256, 256, False, (-1, -1), False, 0.0),
+    sweep.Config("float16", 1, 1500, 1500, 8, 8, 256, 256, True, (-1, -1), True, 0.0),
+    sweep.Config("float16", 2, 900, 2500, 6, 2, 192, 192, False, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 1300, 1300, 4, 4, 192, 192, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 2, 800, 2000, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
+]
+
+
+@pytest.mark.parametrize("cfg", GROWING_MAX_CASES, ids=str)
+def test_row_max_growing_along_the_keys(cfg):
+    rng = np.random.default_rng([SEED, 40_000 + GROWING_MAX_CASES.index(cfg)])
+    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}", key_scale=lambda n: jnp.linspace(0.5, 12.0, n))
 
 
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):

@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   typename Mainloop::ConsumerState state;
   typename Mainloop::TiledMmaPV mma_pv;
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<typename Mainloop::WgRows, typename Mainloop::HeadDim>{});
-  FwdOnlineSoftmaxSm90<2> softmax(transform.exp2_scale);
+  FwdOnlineSoftmaxSm90<2, Mainloop::kLazyRescale> softmax(transform.exp2_scale);
 
   // This tile's epilogue: normalize O, stage it in shared memory, TMA store, LSE.
   auto store_tile = [&](const typename Scheduler::Tile& tile, const typename Mainloop::ConsumerTile& work) {

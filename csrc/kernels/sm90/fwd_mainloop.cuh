@@ -277,6 +277,10 @@ struct FwdMainloopSm90 {
   };
 
   static constexpr bool kCanPrefetchQuery = kQStages == 2;
+  // The online softmax skips O's rescale while no row max grew much (FwdOnlineSoftmaxSm90). Measured at D 256
+  // (128 multiplies of O against 40 exps per thread and block): +3-5%; D 192 (96 against 56): equal; D 64 / 128
+  // (the branch costs more than it saves there): -2-5%. bench/NOTES.md v7.
+  static constexpr bool kLazyRescale = kHeadDim > 192;
 
   // The warpgroup's view of its Q rows, the K and V stages, and its GEMMs.
   struct Operands {
@@ -321,7 +325,7 @@ struct FwdMainloopSm90 {
   // order and run in a loop of their own, so the unmasked bulk carries none of the mask's code or registers) and
   // online softmax of S_t, in place; correction[r] is what O's row r must be rescaled by.
   template <bool kMasked, typename Softmax>
-  __device__ __forceinline__ static void scores_to_probabilities(ConsumerState& state, Operands& ops, const ConsumerTile& tile,
+  __device__ __forceinline__ static bool scores_to_probabilities(ConsumerState& state, Operands& ops, const ConsumerTile& tile,
                                                  int t, const common::ScoreTransform& transform, Softmax& softmax,
                                                  float (&correction)[Softmax::kNumRows]) {
     using namespace cute;
@@ -330,7 +334,7 @@ struct FwdMainloopSm90 {
     Tensor coords_rc =
         common::wgmma_acc_rowcol_view(ops.thr_mma_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
     transform_and_mask_scores<kMasked>(s_rc, coords_rc, transform, tile.mask, tile.blocks.block_at(t) * kBlockN);
-    softmax.update(s_rc, correction);
+    return softmax.update(s_rc, correction);
   }
 
   // Block 0 of a tile whose S_0 has been computed into state.s: O cleared, a fresh softmax, P_0.
@@ -388,15 +392,16 @@ struct FwdMainloopSm90 {
     warpgroup_fence_operand(state.s);
     release(pipeline_k, state.read_k);
     float correction[Softmax::kNumRows];
-    scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
+    const bool rescale = scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
     // Meant to let the softmax above overlap the PV GEMM. The PTX keeps this order, but ptxas places the wait
-    // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too); the cause
-    // is not found yet: bench/NOTES.md v6.
+    // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too). Moving
+    // this wait, the rescale and the conversion to the start of the next GEMM turn (across the loop's back edge)
+    // does keep the softmax before the wait, and measured slower (-1% at D 128, -10% at D 256; v7).
     warpgroup_wait<0>();  // the PV GEMM is complete: O and P are ours again
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);
     release(pipeline_v, state.read_v);
-    Softmax::rescale_o(acc_o_rc, correction);
+    if (rescale) Softmax::rescale_o(acc_o_rc, correction);
     common::convert_fragment_into(state.s, state.p);
   }
 

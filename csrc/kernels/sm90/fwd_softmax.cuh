@@ -25,7 +25,9 @@ __device__ __forceinline__ void transform_and_mask_scores(ScoresRC& scores_rc, c
   if constexpr (kNeedsMask) tile_mask.apply(scores_rc, coords_rc, n_start);
 }
 
-template <int kRows>
+// kLazyRescale: see kMaxGrowthLog2 below; without it every block moves the reference to the running max and O is
+// always rescaled (update returns true).
+template <int kRows, bool kLazyRescale = false>
 struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
   using Base = common::OnlineSoftmax<kRows>;
   using Base::row_sum;
@@ -33,20 +35,49 @@ struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
 
   __device__ __forceinline__ explicit FwdOnlineSoftmaxSm90(float exp2_scale_) : Base(exp2_scale_) {}
 
-  // Folds one block into the running row max / sum and replaces the scores by exp2(s - new_max) in the log2
-  // domain. correction[r] is what O must be multiplied by (rescale_o) to be relative to the new max. The -inf
-  // guards are common::OnlineSoftmax's (fold_row_max).
+  // Lazy rescale (FA4's rule): a row's reference max moves only when the block's max exceeds it by more than
+  // kMaxGrowthLog2 in the log2 domain. Below that, exp2(s - reference) <= 256, harmless in the fp32 sums and in
+  // 16-bit P, and the softmax is the same function of any reference (finalize's LSE included). Past the first
+  // blocks a row's max rarely grows that much, so O's rescale (D / 2 multiplies per thread and block) is skipped
+  // for the whole warp when none of its rows moved. Which kernels use it: FwdMainloopSm90::kLazyRescale.
+  static constexpr float kMaxGrowthLog2 = 8.f;
+
+  // Folds one block into the running row max / sum and replaces the scores by exp2(s - reference) in the log2
+  // domain. correction[r] is what O must be multiplied by (rescale_o) to be relative to the new reference (1 where
+  // it stayed); returns whether O needs that rescale (with kLazyRescale: whether any row of this warp moved its
+  // reference). A row with no visible key yet keeps row_max = -inf and base 0, as in common::OnlineSoftmax.
   template <typename ScoresRC>
-  __device__ __forceinline__ void update(ScoresRC& scores, float (&correction)[kRows]) {
+  __device__ __forceinline__ bool update(ScoresRC& scores, float (&correction)[kRows]) {
     using namespace cute;
     static_assert(decltype(size<0>(scores))::value == kRows);
+    if constexpr (!kLazyRescale) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float base = Base::fold_row_max(scores, r, correction[r]);
+        // Summed per thread; finalize() reduces over the quad once per tile instead of once per block.
+        const float sum = Base::exponentiate_row(scores, r, base);
+        row_sum[r] = row_sum[r] * correction[r] + sum;
+      }
+      return true;
+    }
+    bool moved_any = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float base = Base::fold_row_max(scores, r, correction[r]);
-      // Summed per thread; finalize() reduces over the quad once per tile instead of once per block.
+      float block_max = Base::row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
+      const float new_max = common::quad_allreduce(block_max, common::MaxOp{});
+      const float old_log2 = Base::row_max[r] * Base::exp2_scale;
+      // old = -inf and new finite: +inf > threshold, moves; both -inf: NaN, stays (-inf, base 0).
+      const bool moves = new_max * Base::exp2_scale - old_log2 > kMaxGrowthLog2;
+      if (moves) Base::row_max[r] = new_max;
+      const float base = Base::row_max[r] == -INFINITY ? 0.f : Base::row_max[r] * Base::exp2_scale;
+      correction[r] = moves ? common::exp2_ftz(old_log2 - base) : 1.f;
+      moved_any |= moves;
       const float sum = Base::exponentiate_row(scores, r, base);
       row_sum[r] = row_sum[r] * correction[r] + sum;
     }
+    return __any_sync(0xffffffffu, moved_any);
   }
 
   template <typename AccORC>
