@@ -67,7 +67,7 @@ def test_every_cell_timed_or_explained(run):
     for entry in report["rows"]:
         for direction in ("fwd", "bwd"):
             cells = entry["results"][direction]
-            assert set(cells) == {"cudnn", "xla", "pallas", "flashjax"}
+            assert set(cells) == {"cudnn", "xla", "pallas", "fa3", "flashjax"}
             for cell in cells.values():
                 assert ("na" in cell) != ("tflops" in cell)
                 if "tflops" in cell:
