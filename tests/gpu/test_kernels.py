@@ -38,10 +38,10 @@ def _assert_kernel_matches_reference(cfg, rng, where, key_scale=None):
     assert not bad, f"{cfg} ({where}): {bad}; all errors {errors}"
 
 
-def _assert_fixed_case_matches(cfg, cases, stream):
+def _assert_fixed_case_matches(cfg, cases, stream, key_scale=None):
     """A listed case on fresh inputs: its own random stream (stream + position in its list) under the run's seed."""
     rng = np.random.default_rng([SEED, stream + cases.index(cfg)])
-    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}")
+    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}", key_scale)
 
 
 @pytest.mark.parametrize("index", range(N))
@@ -124,8 +124,7 @@ GROWING_MAX_CASES = [
 
 @pytest.mark.parametrize("cfg", GROWING_MAX_CASES, ids=str)
 def test_row_max_growing_along_the_keys(cfg):
-    rng = np.random.default_rng([SEED, 40_000 + GROWING_MAX_CASES.index(cfg)])
-    _assert_kernel_matches_reference(cfg, rng, f"seed {SEED}", key_scale=lambda n: jnp.linspace(0.5, 12.0, n))
+    _assert_fixed_case_matches(cfg, GROWING_MAX_CASES, 40_000, key_scale=lambda n: jnp.linspace(0.5, 12.0, n))
 
 
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):
