@@ -7,6 +7,8 @@
 //   row_max = max of the masked fragment values seen so far (-inf while every one was masked);
 //   row_sum = this thread's share of sum_j exp2(x_j * exp2_scale - row_max * exp2_scale) (quad-reduced at the end);
 //   acc_o   = sum_j exp2(...) * v_j, relative to the same row_max.
+// (The sm90 forward's lazy variant, sm90/fwd_softmax.cuh, keeps a reference in place of row_max that trails the
+// running max by at most 8 in the log2 domain; the same invariants hold with that reference.)
 // A fully masked row keeps row_max = -inf: the exp2 base is then taken as 0 so that exp2(-inf - base) = 0 and no
 // -inf - (-inf) = NaN is ever formed; such a row ends with row_sum = 0, acc_o = 0.
 #pragma once
