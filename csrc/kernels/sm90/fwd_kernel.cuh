@@ -159,6 +159,26 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
 
+  // The CTA's walk over tiles, the same for producer and consumers (Scheduler: first_tile, next_tile). A scheduled
+  // tile: its index, coordinates and KV blocks (every warpgroup consumes the same K/V stages).
+  struct ScheduledTile {
+    int index;  // num_tiles: the CTA has no more
+    typename Scheduler::Tile tile;
+    common::KvBlockRange blocks;
+  };
+  // The next tile with work (a KV block to visit) from tile_index on; skipped(tile) for each tile on the way whose
+  // rows see no key.
+  auto next_tile_with_work = [&](int tile_index, auto&& skipped) {
+    for (; tile_index < params.scheduler.num_tiles;
+         tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
+      const auto tile = Scheduler::tile(params.scheduler, tile_index);
+      const auto blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+      if (!blocks.empty()) return ScheduledTile{tile_index, tile, blocks};
+      skipped(tile);
+    }
+    return ScheduledTile{tile_index, {}, {}};
+  };
+
   if (is_producer) {
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
     // Warp 0 loads Q and K, warp 1 V (Mainloop::load_q_k / load_v); warps 2 and 3 have nothing to do.
@@ -172,19 +192,20 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     auto write_k = cutlass::make_producer_start_state<PipelineK>();
     auto write_v = cutlass::make_producer_start_state<PipelineV>();
     int tiles_with_work = 0;
-    for (int tile_index = Scheduler::first_tile(params.scheduler, blockIdx.x);
-         tile_index < params.scheduler.num_tiles;
-         tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
-      const auto tile = Scheduler::tile(params.scheduler, tile_index);
-      const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
-      if (blocks.empty()) continue;
+    auto load_nothing = [](const typename Scheduler::Tile&) {};  // the consumers write those tiles out
+    for (ScheduledTile scheduled =
+             next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), load_nothing);
+         scheduled.index < params.scheduler.num_tiles;
+         scheduled = next_tile_with_work(Scheduler::next_tile(params.scheduler, scheduled.index, gridDim.x),
+                                         load_nothing)) {
+      const auto& tile = scheduled.tile;
       const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, tile.head_q / params.heads_per_kv,
                                              tile.batch};
       if (producer_warp == 0) {
         Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, write_k, leader,
-                           typename Mainloop::QuerySlot(tiles_with_work++), at, blocks);
+                           typename Mainloop::QuerySlot(tiles_with_work++), at, scheduled.blocks);
       } else {
-        Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, blocks);
+        Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
       }
     }
     return;
@@ -206,26 +227,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto sink_log2_of = [&](int head_q) {
     return params.sinks != nullptr ? params.sinks[head_q] * common::kLog2e : -INFINITY;
   };
-  // A tile index, its coordinates and its KV blocks (the CTA's: every warpgroup consumes the same K/V stages).
-  struct ScheduledTile {
-    int index;  // num_tiles: the CTA has no more
-    typename Scheduler::Tile tile;
-    common::KvBlockRange blocks;
-  };
-  // The next tile with work from tile_index on. Tiles on the way whose rows see no key are written out here
-  // (out = 0, lse = -inf or the sink): they use neither shared memory nor the tensor cores, so they may go while
-  // the previous tile's GEMMs are still in flight.
-  auto next_tile_with_work = [&](int tile_index) {
-    for (; tile_index < params.scheduler.num_tiles;
-         tile_index = Scheduler::next_tile(params.scheduler, tile_index, gridDim.x)) {
-      const auto tile = Scheduler::tile(params.scheduler, tile_index);
-      const auto blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
-      if (!blocks.empty()) return ScheduledTile{tile_index, tile, blocks};
-      float lse[2];
-      FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2_of(tile.head_q), lse);
-      Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
-    }
-    return ScheduledTile{tile_index, {}, {}};
+  // Tiles whose rows see no key are written out on the way to the next tile with work (out = 0, lse = -inf or
+  // the sink): they use neither shared memory nor the tensor cores, so they may go while the previous tile's
+  // GEMMs are still in flight.
+  auto write_empty_tile = [&](const typename Scheduler::Tile& tile) {
+    float lse[2];
+    FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2_of(tile.head_q), lse);
+    Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
   };
   int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
   // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks and the warpgroup's band mask.
@@ -252,7 +260,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
   };
 
-  ScheduledTile scheduled = next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x));
+  ScheduledTile scheduled =
+      next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), write_empty_tile);
   if (scheduled.index < params.scheduler.num_tiles) {
     auto tile = scheduled.tile;
     auto work = consumer_tile(scheduled, tiles_with_work++);
@@ -263,7 +272,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                               transform, acc_o, softmax);
       // Every wgmma that reads this tile's Q has been waited on: with O staged elsewhere, a later Q may land now.
       if constexpr (Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
-      scheduled = next_tile_with_work(Scheduler::next_tile(params.scheduler, scheduled.index, gridDim.x));
+      scheduled = next_tile_with_work(Scheduler::next_tile(params.scheduler, scheduled.index, gridDim.x),
+                                      write_empty_tile);
       if (scheduled.index >= params.scheduler.num_tiles) break;
 
       const auto next_tile = scheduled.tile;
