@@ -300,6 +300,22 @@ def floors_table(rows):
     return "\n".join(out)
 
 
+def warm_up(seconds):
+    """Dense bf16 matmuls for `seconds` before the first row. A GPU that idled before the run ramps its clocks while
+    the first row is timed: on the H200 that row read 4-12% low against the same row later in the run (the first
+    row of every process: d64-s512-full 0.96 and 0.88 of cuDNN, the same kernels >= 1.0 elsewhere; bench/NOTES.md
+    v7)."""
+    if seconds <= 0:
+        return
+    x = jnp.ones((8192, 8192), jnp.bfloat16)
+    step = jax.jit(lambda a: (a @ a) * (1.0 / 8192))
+    step(x).block_until_ready()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        x = step(x)
+        x.block_until_ready()
+
+
 def parse_args(argv):
     csv = lambda s: [x for x in s.split(",") if x]
     ints = lambda s: [int(x) for x in csv(s)]
@@ -312,6 +328,7 @@ def parse_args(argv):
     p.add_argument("--trials", type=int, default=7, help="timed trials; the median is reported")
     p.add_argument("--input-sets", type=int, default=3, help="input sets rotated between calls (L2 flushing)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-up", type=float, default=2.0, help="seconds of matmuls before the first row (GPU only)")
     p.add_argument("--json", default=None, help="write the full report here")
     p.add_argument("--png", default=None, help="write the plot here (needs matplotlib)")
     p.add_argument("--floors", action="store_true", help="print roofline floors for the rows and exit")
@@ -352,6 +369,8 @@ def main(argv=None):
               "flashjax": flashjax_version,
               "impls": args.impls, "dirs": args.dirs, "reps": args.reps, "trials": args.trials,
               "rel_err_limit": REL_ERR_LIMIT, "rows": []}
+    if device.platform == "gpu":
+        warm_up(args.warm_up)
     for row in rows:
         start = time.perf_counter()
         results = bench_row(row, args)
