@@ -50,6 +50,16 @@ struct OnlineSoftmax {
     }
   }
 
+  // max(row_max[r], row r of the block), reduced over the quad that holds the row.
+  template <typename ScoresRC>
+  __device__ __forceinline__ float running_row_max(const ScoresRC& scores, int r) const {
+    using namespace cute;
+    float block_max = row_max[r];
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
+    return quad_allreduce(block_max, MaxOp{});
+  }
+
   // The two halves of one row's update, shared with kernels that rescale O elsewhere (sm90/fwd_softmax.cuh).
   // fold_row_max: folds row r of the block into row_max and returns the exp2 base (new max in the log2 domain, 0
   // for a row with no visible key so far, so that no -inf - (-inf) is formed); `correction` is what the row's O and
@@ -57,11 +67,7 @@ struct OnlineSoftmax {
   // needs no special case).
   template <typename ScoresRC>
   __device__ __forceinline__ float fold_row_max(const ScoresRC& scores, int r, float& correction) {
-    using namespace cute;
-    float block_max = row_max[r];
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
-    const float new_max = quad_allreduce(block_max, MaxOp{});
+    const float new_max = running_row_max(scores, r);
     const float base = new_max == -INFINITY ? 0.f : new_max * exp2_scale;
     correction = exp2_ftz(row_max[r] * exp2_scale - base);
     row_max[r] = new_max;

@@ -63,10 +63,7 @@ struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
     bool moved_any = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float block_max = Base::row_max[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(scores); ++c) block_max = fmaxf(block_max, scores(r, c));
-      const float new_max = common::quad_allreduce(block_max, common::MaxOp{});
+      const float new_max = Base::running_row_max(scores, r);
       const float old_log2 = Base::row_max[r] * Base::exp2_scale;
       // old = -inf and new finite: +inf > threshold, moves; both -inf: NaN, stays (-inf, base 0).
       const bool moves = new_max * Base::exp2_scale - old_log2 > kMaxGrowthLog2;
