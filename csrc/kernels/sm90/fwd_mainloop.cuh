@@ -281,6 +281,10 @@ struct FwdMainloopSm90 {
   // (128 multiplies of O against 40 exps per thread and block): +3-5%; D 192 (96 against 56): equal; D 64 / 128
   // (the branch costs more than it saves there): -2-5%. bench/NOTES.md v7.
   static constexpr bool kLazyRescale = kHeadDim > 192;
+  // The unmasked blocks after the first exponentiate against the running reference without a row max
+  // (FwdOnlineSoftmaxSm90::exponentiate_at_reference). Measured: D 128 +9-11%, D 64 +7-14%; D 256 +1-2% without a
+  // causal mask but -2-4% with one, against the lazy rescale above, which it keeps (bench/NOTES.md v8).
+  static constexpr bool kExponentiateAtReference = !kLazyRescale;
 
   // The warpgroup's view of its Q rows, the K and V stages, and its GEMMs.
   struct Operands {
@@ -391,18 +395,35 @@ struct FwdMainloopSm90 {
     warpgroup_wait<1>();  // S_t is complete; the PV GEMM may still run
     warpgroup_fence_operand(state.s);
     release(pipeline_k, state.read_k);
-    float correction[Softmax::kNumRows];
-    const bool rescale = scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
-    // Meant to let the softmax above overlap the PV GEMM. The PTX keeps this order, but ptxas places the wait
-    // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too). Moving
-    // this wait, the rescale and the conversion to the start of the next GEMM turn (across the loop's back edge)
-    // does keep the softmax before the wait, and measured slower (-1% at D 128, -10% at D 256; v7).
-    warpgroup_wait<0>();  // the PV GEMM is complete: O and P are ours again
-    warpgroup_fence_operand(acc_o);
-    warpgroup_fence_operand(state.p);
-    release(pipeline_v, state.read_v);
-    if (rescale) Softmax::rescale_o(acc_o_rc, correction);
+    if constexpr (kExponentiateAtReference && !kMasked) {
+      Tensor s_rc = common::wgmma_acc_rowcol_view(state.s);
+      transform.apply_softcap(s_rc);
+      // P_t is written over P_{t-1}, the operand of the PV GEMM: wait for it first.
+      wait_for_pv(pipeline_v, state, acc_o);
+      Tensor p_rc = make_tensor(state.p.data(), common::wgmma_acc_rowcol_layout(state.s.layout()));
+      if (softmax.exponentiate_at_reference(s_rc, p_rc)) return;
+      float correction[Softmax::kNumRows];  // rare: a row's max grew past the fast path's bound
+      if (softmax.update(s_rc, correction)) Softmax::rescale_o(acc_o_rc, correction);
+    } else {
+      float correction[Softmax::kNumRows];
+      const bool rescale = scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
+      // Meant to let the softmax above overlap the PV GEMM. The PTX keeps this order, but ptxas places the wait
+      // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too). Moving
+      // this wait, the rescale and the conversion to the start of the next GEMM turn (across the loop's back
+      // edge) does keep the softmax before the wait, and measured slower (-1% at D 128, -10% at D 256; v7).
+      wait_for_pv(pipeline_v, state, acc_o);
+      if (rescale) Softmax::rescale_o(acc_o_rc, correction);
+    }
     common::convert_fragment_into(state.s, state.p);
+  }
+
+  // Waits for the warpgroup's PV GEMM (O and P are ours again) and releases its V stage.
+  template <typename AccO>
+  __device__ __forceinline__ static void wait_for_pv(PipelineV& pipeline_v, ConsumerState& state, AccO& acc_o) {
+    cute::warpgroup_wait<0>();
+    cute::warpgroup_fence_operand(acc_o);
+    cute::warpgroup_fence_operand(state.p);
+    release(pipeline_v, state.read_v);
   }
 
   // Steps t = 1 .. n - 1 of a tile.
@@ -442,10 +463,7 @@ struct FwdMainloopSm90 {
     pipeline_v.consumer_wait(state.read_v);
     common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
     pass_turn(warpgroup);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    warpgroup_fence_operand(state.p);
-    release(pipeline_v, state.read_v);
+    wait_for_pv(pipeline_v, state, acc_o);
   }
 
   // tail(), and in the same turn S_0 = Q K_0^T of the next tile, left in flight (kCanPrefetchQuery: the next
