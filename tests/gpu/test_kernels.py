@@ -111,8 +111,9 @@ def test_warpgroups_past_the_last_row(cfg):
 # Scores that grow along the keys (keys scaled from 0.5 to 12 along the sequence, so a row's max keeps rising by
 # tens in the log2 domain): the online softmax must rescale O whenever its reference max moves. The D 256 kernel
 # moves it only when the max grew past 2^8 (lazy rescale, csrc/kernels/sm90/fwd_softmax.cuh) and keeps it
-# otherwise, with probabilities up to 256 in 16-bit P; D 128 and 192 move it every block. Causal and not, ragged
-# lengths, several tiles per CTA.
+# otherwise, with probabilities up to 256 in 16-bit P; D 128 and 192 exponentiate against the reference without a
+# row max and go back to the full update for the blocks where a sum exceeds 256 (exponentiate_at_reference).
+# Causal and not, ragged lengths, several tiles per CTA.
 GROWING_MAX_CASES = [
     sweep.Config("bfloat16", 2, 700, 1900, 4, 2, 256, 256, False, (-1, -1), False, 0.0),
     sweep.Config("float16", 1, 1500, 1500, 8, 8, 256, 256, True, (-1, -1), True, 0.0),
@@ -125,6 +126,33 @@ GROWING_MAX_CASES = [
 @pytest.mark.parametrize("cfg", GROWING_MAX_CASES, ids=str)
 def test_row_max_growing_along_the_keys(cfg):
     _assert_fixed_case_matches(cfg, GROWING_MAX_CASES, 40_000, key_scale=lambda n: jnp.linspace(0.5, 12.0, n))
+
+
+# A few late keys 40 times longer than the rest: a row's scores jump by up to ~100s in the log2 domain in one block,
+# far past what exp2 can hold against the reference the earlier blocks set, so the sm90 fast path
+# (exponentiate_at_reference) computes inf there and must fall back to the full update for that block; rows whose
+# scores at those keys are negative keep the fast path. Every head dim's kernel, GQA, softcap (which bounds the
+# jump: the fast path then holds), sinks, causal and not.
+SPIKE_CASES = [
+    sweep.Config("bfloat16", 2, 600, 1700, 4, 2, 64, 64, False, (-1, -1), False, 0.0),
+    sweep.Config("float16", 1, 4500, 4500, 4, 1, 64, 64, True, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 1, 900, 2100, 4, 4, 96, 96, False, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 2, 1000, 3001, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
+    sweep.Config("float16", 1, 2000, 2000, 8, 2, 128, 128, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 300, 8500, 4, 2, 128, 128, False, (-1, -1), False, 20.0),
+    sweep.Config("float16", 1, 1200, 2600, 4, 2, 192, 192, False, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 1100, 2300, 4, 2, 256, 256, True, (-1, -1), False, 0.0),
+]
+
+
+def _late_spikes(n):
+    """Keys at 60%, 75% and 90% of the sequence scaled by 40, the rest by 1."""
+    return jnp.ones(n).at[jnp.array([int(n * 0.6), int(n * 0.75), int(n * 0.9)])].set(40.0)
+
+
+@pytest.mark.parametrize("cfg", SPIKE_CASES, ids=str)
+def test_late_keys_far_above_the_reference(cfg):
+    _assert_fixed_case_matches(cfg, SPIKE_CASES, 50_000, key_scale=_late_spikes)
 
 
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):
