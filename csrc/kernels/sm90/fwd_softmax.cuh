@@ -1,9 +1,11 @@
 // Score processing and online softmax of the sm90 forward kernel, on one consumer warpgroup's 64 x kBlockN score
 // fragment in (row, col) view (common/sm90_wgmma.cuh): each thread holds 2 rows, each row spread over a quad.
 //
-// Differs from the sm80 loop (common::OnlineSoftmax::update) in one way: the O accumulator is rescaled in a
-// separate step. With the intra-warpgroup overlap, softmax(S_j) runs while the wgmma O += P_{j-1} V_{j-1} is still
+// Differs from the sm80 loop (common::OnlineSoftmax::update) in two ways. The O accumulator is rescaled in a
+// separate step: with the intra-warpgroup overlap, softmax(S_j) runs while the wgmma O += P_{j-1} V_{j-1} is still
 // writing O, so the correction factors are computed first and applied only after that wgmma has been waited on.
+// And past a tile's first block, the common case skips the row max altogether (exponentiate_at_reference) or the
+// rescale of O (the lazy update), whichever measured faster for the head dim (FwdMainloopSm90).
 #pragma once
 
 #include <cute/tensor.hpp>
