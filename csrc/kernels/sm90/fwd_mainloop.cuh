@@ -325,20 +325,20 @@ struct FwdMainloopSm90 {
     ++state;
   }
 
-  // softcap, band mask (kMasked: the block needs the per-element mask; the masked blocks come first in visiting
-  // order and run in a loop of their own, so the unmasked bulk carries none of the mask's code or registers) and
-  // online softmax of S_t, in place; correction[r] is what O's row r must be rescaled by.
-  template <bool kMasked, typename Softmax>
-  __device__ __forceinline__ static bool scores_to_probabilities(ConsumerState& state, Operands& ops, const ConsumerTile& tile,
-                                                 int t, const common::ScoreTransform& transform, Softmax& softmax,
-                                                 float (&correction)[Softmax::kNumRows]) {
+  // Softcap and band mask of S_t, in place (kMasked: the block needs the per-element mask; the masked blocks come
+  // first in visiting order and run in a loop of their own, so the unmasked bulk carries none of the mask's code or
+  // registers). Returns the (row, col) view of the scores, ready for the online softmax.
+  template <bool kMasked>
+  __device__ __forceinline__ static auto transformed_scores(ConsumerState& state, Operands& ops,
+                                                            const ConsumerTile& tile, int t,
+                                                            const common::ScoreTransform& transform) {
     using namespace cute;
     Tensor s_rc = common::wgmma_acc_rowcol_view(state.s);
     // Warpgroup-local (row, col) of each score this thread holds, for the band mask.
     Tensor coords_rc =
         common::wgmma_acc_rowcol_view(ops.thr_mma_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
     transform_and_mask_scores<kMasked>(s_rc, coords_rc, transform, tile.mask, tile.blocks.block_at(t) * kBlockN);
-    return softmax.update(s_rc, correction);
+    return s_rc;
   }
 
   // Block 0 of a tile whose S_0 has been computed into state.s: O cleared, a fresh softmax, P_0.
@@ -350,9 +350,11 @@ struct FwdMainloopSm90 {
     softmax = Softmax(transform.exp2_scale);
     float correction[Softmax::kNumRows];  // O is zero: nothing to rescale
     if (tile.blocks.num_masked() > 0) {
-      scores_to_probabilities<true>(state, ops, tile, 0, transform, softmax, correction);
+      auto s_rc = transformed_scores<true>(state, ops, tile, 0, transform);
+      softmax.update(s_rc, correction);
     } else {
-      scores_to_probabilities<false>(state, ops, tile, 0, transform, softmax, correction);
+      auto s_rc = transformed_scores<false>(state, ops, tile, 0, transform);
+      softmax.update(s_rc, correction);
     }
     common::convert_fragment_into(state.s, state.p);
   }
@@ -395,9 +397,8 @@ struct FwdMainloopSm90 {
     warpgroup_wait<1>();  // S_t is complete; the PV GEMM may still run
     warpgroup_fence_operand(state.s);
     release(pipeline_k, state.read_k);
+    Tensor s_rc = transformed_scores<kMasked>(state, ops, tile, t, transform);
     if constexpr (kExponentiateAtReference && !kMasked) {
-      Tensor s_rc = common::wgmma_acc_rowcol_view(state.s);
-      transform.apply_softcap(s_rc);
       // P_t is written over P_{t-1}, the operand of the PV GEMM: wait for it first.
       wait_for_pv(pipeline_v, state, acc_o);
       Tensor p_rc = make_tensor(state.p.data(), common::wgmma_acc_rowcol_layout(state.s.layout()));
@@ -406,7 +407,7 @@ struct FwdMainloopSm90 {
       if (softmax.update(s_rc, correction)) Softmax::rescale_o(acc_o_rc, correction);
     } else {
       float correction[Softmax::kNumRows];
-      const bool rescale = scores_to_probabilities<kMasked>(state, ops, tile, t, transform, softmax, correction);
+      const bool rescale = softmax.update(s_rc, correction);
       // Meant to let the softmax above overlap the PV GEMM. The PTX keeps this order, but ptxas places the wait
       // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too). Moving
       // this wait, the rescale and the conversion to the start of the next GEMM turn (across the loop's back
