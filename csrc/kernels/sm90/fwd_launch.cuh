@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <vector>
 
 #include "flashjax/params.h"
 #include "kernels/sm90/fwd_kernel.cuh"
@@ -56,6 +58,32 @@ inline int max_ctas_for_tests() {
   return max_ctas;
 }
 
+// The scheduler's parameters for a call shape. Where work is uneven, to_params plans the last tiles on the host
+// (fwd_tile_scheduler.cuh: tens of microseconds), the same plan for every call of one shape, so each kernel
+// configuration remembers the plans of its last kCachedShapes shapes (a training step calls few shapes).
+template <typename Scheduler>
+typename Scheduler::Params scheduler_params(const AttnShape& shape, int num_sms) {
+  struct Key {
+    int seqlen_q, seqlen_k, window_left, window_right, heads_q, batch, num_sms;
+    bool operator==(const Key& o) const {
+      return seqlen_q == o.seqlen_q && seqlen_k == o.seqlen_k && window_left == o.window_left &&
+             window_right == o.window_right && heads_q == o.heads_q && batch == o.batch && num_sms == o.num_sms;
+    }
+  };
+  constexpr size_t kCachedShapes = 16;
+  static std::mutex mutex;
+  static std::vector<std::pair<Key, typename Scheduler::Params>> cache;  // oldest first
+  const Key key{shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right,
+                shape.heads_q,  shape.batch,    num_sms};
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [cached_key, cached] : cache) {
+    if (cached_key == key) return cached;
+  }
+  if (cache.size() == kCachedShapes) cache.erase(cache.begin());
+  cache.push_back({key, Scheduler::to_params(shape, num_sms)});
+  return cache.back().second;
+}
+
 // One tile configuration: TMA descriptors, persistent grid, launch.
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
@@ -69,7 +97,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   if (const int cap = max_ctas_for_tests(); cap > 0 && cap < num_sms) num_sms = cap;
-  const typename Scheduler::Params scheduler = Scheduler::to_params(params, num_sms);
+  const typename Scheduler::Params scheduler = scheduler_params<Scheduler>(params, num_sms);
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
@@ -110,12 +138,14 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
                                               params.heads_q / params.heads_k,
                                               params.sinks};
 
+  // The scheduler's tail plan rides in the parameters: stay within the classic 4 KB of kernel parameter space.
+  static_assert(sizeof(typename Kernel::Params) <= 4096, "kernel parameters over 4 KB");
   auto kernel = fwd_kernel_sm90<Kernel>;
   // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it
   // is legal during CUDA-graph capture.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<Scheduler::grid_size(scheduler, num_sms), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(kernel_params);
+  kernel<<<Scheduler::grid_size(scheduler), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(kernel_params);
   return cudaGetLastError();
 }
 
