@@ -75,7 +75,9 @@ def test_tile_choices(cfg):
 # consumers carry state from one tile into the next (the next tile's first GEMM goes out with this tile's last,
 # where Q has two buffers), and tiles whose rows see no key (Sq > Sk causal: the top rows) fall between tiles with
 # work. One case per tile / buffer plan: D 64 on 192 rows (three consumer warpgroups) and on 128, D 96, D 128 on
-# 128 x 128 and 128 x 176, D 256 (one Q buffer: no carry-over).
+# 128 x 128 and 128 x 176, D 256 (one Q buffer: no carry-over). The banded cases have uneven tiles and more than one
+# per SM, so their last tiles are planned on the host (fwd_tile_scheduler.cuh's tail: CTAs leave the pairs for a
+# per-CTA list); the last case has every tile planned (160 tiles, too few for a bulk).
 SCHEDULE_CASES = [
     sweep.Config("bfloat16", 2, 2100, 2100, 16, 16, 64, 64, False, (-1, -1), False, 5.0),
     sweep.Config("bfloat16", 4, 700, 700, 16, 4, 64, 64, True, (-1, -1), True, 0.0),
@@ -83,6 +85,7 @@ SCHEDULE_CASES = [
     sweep.Config("float16", 2, 3000, 1100, 12, 4, 128, 128, True, (-1, -1), True, 0.0),
     sweep.Config("bfloat16", 1, 2300, 8300, 16, 2, 128, 128, False, (-1, -1), True, 0.0),
     sweep.Config("float16", 2, 1500, 900, 12, 3, 256, 256, False, (300, 0), False, 0.0),
+    sweep.Config("bfloat16", 1, 4096, 4096, 5, 5, 128, 128, True, (-1, -1), False, 0.0),
 ]
 
 
