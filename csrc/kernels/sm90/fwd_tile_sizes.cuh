@@ -20,15 +20,16 @@ struct FwdTileSizes {
   int block_n;
 };
 
-// Each class contains the next: kManyLongRows calls are kMany calls too.
+// kFewShortBand calls are kFew calls, kManyLongRows calls kMany calls.
 enum class FwdKeyLoad {
+  kFewShortBand,  // more than one 128-row tile and a band whose middle row sees < 512 keys
   kFew,           // at most one 128-row tile of queries, or a band whose middle row sees < 2048 keys
   kMany,          // the rest
   kManyLongRows,  // no band, more than one 128-row tile, and every row sees >= 8192 keys
 };
 
 constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
-  const bool many_keys = load != FwdKeyLoad::kFew;
+  const bool many_keys = load == FwdKeyLoad::kMany || load == FwdKeyLoad::kManyLongRows;
   // D = 64: the exp2 work per key is as large as the GEMM work (64 x 128 exponentials per warpgroup and block
   // take the SFU as long as the block's two GEMMs take the tensor cores), so a third consumer warpgroup (FA3's
   // 192 x 128; S 64 + P 32 + O 32 registers under 160) keeps the tensor cores fed while two others exponentiate:
@@ -48,8 +49,13 @@ constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
   if (head_dim <= 128) return load == FwdKeyLoad::kManyLongRows ? FwdTileSizes{128, 176} : FwdTileSizes{128, 128};
   // D = 192: Q 48 + K 84 + V 84 = 216 KB, the largest multiple of 16 that fits; S 56 + P 28 + O 96 registers.
   if (head_dim <= 192) return {128, 112};
-  // D = 256: Q 64 + K 80 + V 80 = 224 KB, the smem limit (FA3's choice); S 40 + P 20 + O 128 registers.
-  return {128, 80};
+  // D = 256: Q 64 + K 80 + V 80 = 224 KB, the smem limit (FA3's choice); S 40 + P 20 + O 128 registers. That
+  // leaves one Q buffer, with O staged in it, so each tile's Q loads only after the previous tile's epilogue and the
+  // consumers wait for it. Where tiles are a few blocks long (causal S 512: 2-7 blocks) that wait is a large part of
+  // the tile: 48 keys per step (K 48 + V 48) makes room for O's own buffer, and Q's buffer frees once the tile's last
+  // Q K^T is done: +4-7% at causal S 512, but -2% at S 1k and -5% at S 2k, where the smaller steps cost more than the
+  // wait (bench/NOTES.md v9).
+  return load == FwdKeyLoad::kFewShortBand ? FwdTileSizes{128, 48} : FwdTileSizes{128, 80};
 }
 
 }  // namespace flashjax::sm90
