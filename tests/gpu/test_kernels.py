@@ -55,7 +55,8 @@ def test_sweep(index):
 # row sees >= 2048 keys) and short enough for 128-row ones, an unbanded D 64 call (192 rows), a sliding window with
 # >= 2048 keys per row; D 128 (128 x 128, three K stages) causal with tiles of 1 to 24 KV blocks and non-causal with
 # 24-block tiles, and unbanded with >= 8192 keys per row (128 x 176: a partial last block); D 256 causal with
-# < 512 keys for the middle row (128 x 48, O in a buffer of its own) and with more (128 x 80, O staged in Q's).
+# < 512 keys for the middle row (128 x 48, O in a buffer of its own) and with more (128 x 80, O staged in Q's);
+# D 192 causal with < 512 keys for the middle row (128 x 64, two Q buffers).
 TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 1, 4500, 4500, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
     sweep.Config("float16", 2, 1000, 1000, 2, 1, 64, 64, True, (-1, -1), True, 0.0),
@@ -66,6 +67,7 @@ TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 1, 300, 8300, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
     sweep.Config("bfloat16", 3, 700, 700, 4, 2, 256, 256, True, (-1, -1), True, 0.0),
     sweep.Config("float16", 1, 1500, 1500, 2, 2, 256, 256, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 2, 900, 900, 6, 2, 192, 192, True, (-1, -1), False, 0.0),
 ]
 
 

@@ -48,7 +48,10 @@ constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
   // costs <= 1%; at S = 4k it lost 4% (v5).
   if (head_dim <= 128) return load == FwdKeyLoad::kManyLongRows ? FwdTileSizes{128, 176} : FwdTileSizes{128, 128};
   // D = 192: Q 48 + K 84 + V 84 = 216 KB, the largest multiple of 16 that fits; S 56 + P 28 + O 96 registers.
-  if (head_dim <= 192) return {128, 112};
+  // Where the band is short, 64 keys per step leave room for a second Q buffer and a third K stage (2 x 48 + 3 x 24
+  // + 2 x 24 = 216 KB), so tiles carry over as at D = 128 (see D = 256 below): causal S 512 258 -> 314 TFLOP/s
+  // (0.98 -> 1.22 of cuDNN; bench/NOTES.md v9).
+  if (head_dim <= 192) return load == FwdKeyLoad::kFewShortBand ? FwdTileSizes{128, 64} : FwdTileSizes{128, 112};
   // D = 256: Q 64 + K 80 + V 80 = 224 KB, the smem limit (FA3's choice); S 40 + P 20 + O 128 registers. That
   // leaves one Q buffer, with O staged in it, so each tile's Q loads only after the previous tile's epilogue and the
   // consumers wait for it. Where tiles are a few blocks long (causal S 512: 2-7 blocks) that wait is a large part of
