@@ -166,11 +166,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     typename Scheduler::Tile tile;
     common::KvBlockRange blocks;
   };
+  auto next_position = [&](int tile_index) {
+    return Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x);
+  };
   // The next tile with work (a KV block to visit) from tile_index on; skipped(tile) for each tile on the way whose
   // rows see no key.
   auto next_tile_with_work = [&](int tile_index, auto&& skipped) {
-    for (; tile_index < params.scheduler.num_tiles;
-         tile_index = Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x)) {
+    for (; tile_index < params.scheduler.num_tiles; tile_index = next_position(tile_index)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
       const auto blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
       if (!blocks.empty()) return ScheduledTile{tile_index, tile, blocks};
@@ -196,8 +198,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     for (ScheduledTile scheduled =
              next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), load_nothing);
          scheduled.index < params.scheduler.num_tiles;
-         scheduled = next_tile_with_work(Scheduler::next_tile(params.scheduler, scheduled.index, blockIdx.x, gridDim.x),
-                                         load_nothing)) {
+         scheduled = next_tile_with_work(next_position(scheduled.index), load_nothing)) {
       const auto& tile = scheduled.tile;
       const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, tile.head_q / params.heads_per_kv,
                                              tile.batch};
@@ -272,8 +273,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                               transform, acc_o, softmax);
       // Every wgmma that reads this tile's Q has been waited on: with O staged elsewhere, a later Q may land now.
       if constexpr (Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
-      scheduled = next_tile_with_work(Scheduler::next_tile(params.scheduler, scheduled.index, blockIdx.x, gridDim.x),
-                                      write_empty_tile);
+      scheduled = next_tile_with_work(next_position(scheduled.index), write_empty_tile);
       if (scheduled.index >= params.scheduler.num_tiles) break;
 
       const auto next_tile = scheduled.tile;
