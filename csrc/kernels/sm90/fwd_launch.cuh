@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -194,9 +195,7 @@ int fwd_smem_bytes() {
   constexpr int kFew = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew>::kSmemBytes;
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
   constexpr int kLong = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyLongRows>::kSmemBytes;
-  constexpr int kFewest = kShort > kFew ? kShort : kFew;
-  constexpr int kMost = kFewest > kMany ? kFewest : kMany;
-  return kMost > kLong ? kMost : kLong;
+  return std::max({kShort, kFew, kMany, kLong});
 }
 
 }  // namespace flashjax::sm90

@@ -90,8 +90,10 @@ struct FwdTileSchedulerSm90 {
     };
     bool uneven = false;
     if (num_m_blocks > 0) {
-      params.last_m_block_first = blocks_of(num_m_blocks - 1) > blocks_of(0);
-      uneven = blocks_of(num_m_blocks - 1) != blocks_of(0);
+      const int first_blocks = blocks_of(0);
+      const int last_blocks = blocks_of(num_m_blocks - 1);
+      params.last_m_block_first = last_blocks > first_blocks;
+      uneven = last_blocks != first_blocks;
     }
     params.num_m_blocks = num_m_blocks;
     params.heads_q = shape.heads_q;
@@ -182,7 +184,7 @@ struct FwdTileSchedulerSm90 {
     std::vector<std::vector<int64_t>> bulk_loads(last_tail - fewest_tail + 1);
     {
       std::vector<int64_t> loads(grid, 0);
-      params.bulk_tiles = (head_batches - fewest_tail) * num_m;
+      params.bulk_tiles = (head_batches - fewest_tail) * num_m;  // so that tile() decodes every position as bulk
       int pos = 0;
       for (int tail = last_tail; tail >= fewest_tail; --tail) {
         for (const int end = (head_batches - tail) * num_m; pos < end; ++pos) {
