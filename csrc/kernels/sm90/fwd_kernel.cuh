@@ -54,8 +54,9 @@ struct FwdBufferPlan {
   bool own_o;    // O staged in a buffer of its own; else in the tile's Q buffer, freed only after the O store
 };
 
-// kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its two answers).
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
+// kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its answers); kSoftcap: compiled for
+// soft-capped calls (the launcher picks by the call's softcap).
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap>
 struct FwdKernelSm90 {
   // The first plan whose shared memory fits is taken. A third K stage comes first: K is waited on right after the
   // ping-pong turn is granted, so a late K idles the tensor cores (ncu on D = 128 S = 4k: 6% of all warp samples
@@ -65,7 +66,7 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages>;
+                                     kPlans[kPlan].q_stages, kSoftcap>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =

@@ -87,11 +87,12 @@ typename Scheduler::Params scheduler_params(const AttnShape& shape, int num_sms)
   return cache.back().second;
 }
 
-// One tile configuration: TMA descriptors, persistent grid, launch.
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
-cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Kernel = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN>;
+// One kernel: TMA descriptors, persistent grid, launch.
+template <typename Kernel>
+cudaError_t launch_kernel(const FwdParams& params, cudaStream_t stream) {
   using Mainloop = typename Kernel::Mainloop;
+  using Element = typename Mainloop::Element;
+  constexpr int kHeadDim = Mainloop::kHeadDim;
   using Epilogue = typename Kernel::Epilogue;
   using Scheduler = typename Kernel::Scheduler;
   int device = 0;
@@ -152,14 +153,23 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// One tile configuration: the kernel compiled for the call's softcap (none, or any c > 0).
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  return params.softcap > 0.f
+             ? launch_kernel<FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true>>(params, stream)
+             : launch_kernel<FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false>>(params, stream);
+}
+
 }  // namespace detail
 
 namespace detail {
 
-// The kernel of one FwdKeyLoad class (classes with equal tile sizes share it).
+// The uncapped kernel of one FwdKeyLoad class (classes with equal tile sizes share it; the capped twin has the same
+// tiles and shared memory).
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
 using FwdKernelFor = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, kLoad).block_m,
-                                   fwd_tile_sizes(kHeadDim, kLoad).block_n>;
+                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false>;
 
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
 cudaError_t launch_fwd_for(const FwdParams& params, cudaStream_t stream) {

@@ -25,7 +25,7 @@
 namespace flashjax::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
-          int kQStages_>
+          int kQStages_, bool kSoftcap_>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -37,6 +37,9 @@ struct FwdMainloopSm90 {
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kQStages = kQStages_;
   static_assert(kQStages == 1 || kQStages == 2);
+  // Compiled for soft-capped calls. A separate kernel because the capping code inside the hot loops, even branched
+  // around at run time, cost uncapped calls 2-5% (instruction fetch around it: bench/NOTES.md v10).
+  static constexpr bool kSoftcap = kSoftcap_;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of O += P V: a multiple of 16");
 
@@ -337,7 +340,8 @@ struct FwdMainloopSm90 {
     // Warpgroup-local (row, col) of each score this thread holds, for the band mask.
     Tensor coords_rc =
         common::wgmma_acc_rowcol_view(ops.thr_mma_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
-    transform_and_mask_scores<kMasked>(s_rc, coords_rc, transform, tile.mask, tile.blocks.block_at(t) * kBlockN);
+    transform_and_mask_scores<kMasked, kSoftcap>(s_rc, coords_rc, transform, tile.mask,
+                                                 tile.blocks.block_at(t) * kBlockN);
     return s_rc;
   }
 

@@ -20,12 +20,13 @@ namespace flashjax::sm90 {
 
 // Raw q.k accumulators -> values ordered like the true scores, with invisible keys at -inf. Softcap first: capping
 // after masking would turn -inf into -c, a visible key. The band mask runs only on the blocks that need it
-// (KvBlockRange's masked blocks, which the mainloop visits in a loop of their own).
-template <bool kNeedsMask, typename ScoresRC, typename CoordsRC>
+// (KvBlockRange's masked blocks, which the mainloop visits in a loop of their own). kSoftcap: the kernel was compiled
+// for capped calls (FwdMainloopSm90); uncapped kernels carry none of its code.
+template <bool kNeedsMask, bool kSoftcap, typename ScoresRC, typename CoordsRC>
 __device__ __forceinline__ void transform_and_mask_scores(ScoresRC& scores_rc, const CoordsRC& coords_rc,
                                                           const common::ScoreTransform& transform,
                                                           const common::TileMask& tile_mask, int n_start) {
-  transform.apply_softcap(scores_rc);
+  if constexpr (kSoftcap) transform.apply_softcap(scores_rc);
   if constexpr (kNeedsMask) tile_mask.apply(scores_rc, coords_rc, n_start);
 }
 
