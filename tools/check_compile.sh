@@ -62,7 +62,7 @@ int main() {
   using flashjax::sm90::FwdKeyLoad;
   print_config<FwdKeyLoad::kFew>("few keys");
   print_config<FwdKeyLoad::kMany>("many keys");
-  print_config<FwdKeyLoad::kManyLongRows>("many, long rows");
+  print_config<FwdKeyLoad::kFewShortBand>("short band");
   std::printf("   dispatch figure (fwd_smem_bytes): %d bytes\\n", flashjax::sm90::fwd_smem_bytes<$element, $hdim>());
 }
 CU

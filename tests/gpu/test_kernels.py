@@ -54,7 +54,7 @@ def test_sweep(index):
 # (csrc/kernels/sm90/fwd_launch.cuh's key_load picks the tile): D 64 causal long enough for 192-row tiles (the middle
 # row sees >= 2048 keys) and short enough for 128-row ones, an unbanded D 64 call (192 rows), a sliding window with
 # >= 2048 keys per row; D 128 (128 x 128, three K stages) causal with tiles of 1 to 24 KV blocks and non-causal with
-# 24-block tiles, and unbanded with >= 8192 keys per row (128 x 176: a partial last block); D 256 causal with
+# 24-block tiles, and unbanded with >= 8192 keys per row (a partial last block); D 256 causal with
 # < 512 keys for the middle row (128 x 48, O in a buffer of its own) and with more (128 x 80, O staged in Q's);
 # D 192 causal with < 512 keys for the middle row (128 x 64, two Q buffers).
 TILE_CHOICE_CASES = [
@@ -79,8 +79,8 @@ def test_tile_choices(cfg):
 # More tiles than two per SM (132 on an H100/H200), so that each persistent CTA runs several in a row: the sm90
 # consumers carry state from one tile into the next (the next tile's first GEMM goes out with this tile's last,
 # where Q has two buffers), and tiles whose rows see no key (Sq > Sk causal: the top rows) fall between tiles with
-# work. One case per tile / buffer plan: D 64 on 192 rows (three consumer warpgroups) and on 128, D 96, D 128 on
-# 128 x 128 and 128 x 176, D 256 (one Q buffer: no carry-over). The banded cases have uneven tiles and more than one
+# work. One case per tile / buffer plan: D 64 on 192 rows (three consumer warpgroups) and on 128, D 96, D 128 (also
+# with >= 8192 keys per row), D 256 (one Q buffer: no carry-over). The banded cases have uneven tiles and more than one
 # per SM, so their last tiles are planned on the host (fwd_tile_scheduler.cuh's tail: CTAs leave the pairs for a
 # per-CTA list); the last case has every tile planned (160 tiles, too few for a bulk).
 SCHEDULE_CASES = [

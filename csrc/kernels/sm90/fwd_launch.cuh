@@ -37,15 +37,12 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
 
 // The call's FwdKeyLoad (fwd_tile_sizes.cuh): kMany = more than one 128-row tile of queries, and either no band or a
 // band whose middle query row sees at least 2048 keys (about the mean over the rows for causal and sliding-window
-// bands); kManyLongRows = no band and Sk >= 8192 on top of that; kFewShortBand = more than one tile and a band whose
-// middle row sees fewer than 512 keys. The normalized band drops a side that excludes nothing, so e.g. a window
+// bands); kFewShortBand = more than one tile and a band whose middle row sees fewer than 512 keys. The normalized band drops a side that excludes nothing, so e.g. a window
 // wider than the sequence counts as no band.
 inline FwdKeyLoad key_load(const FwdParams& params) {
   if (params.seqlen_q <= 128) return FwdKeyLoad::kFew;
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-  if (band.left < 0 && band.right < 0) {
-    return params.seqlen_k >= 8192 ? FwdKeyLoad::kManyLongRows : FwdKeyLoad::kMany;
-  }
+  if (band.left < 0 && band.right < 0) return FwdKeyLoad::kMany;
   const int middle_row = params.seqlen_q / 2;
   const int middle_keys = band.col_end(middle_row) - band.col_begin(middle_row);
   return middle_keys >= 2048 ? FwdKeyLoad::kMany : middle_keys >= 512 ? FwdKeyLoad::kFew : FwdKeyLoad::kFewShortBand;
@@ -190,10 +187,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kFewShortBand>(params, stream);
     case FwdKeyLoad::kFew:
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kFew>(params, stream);
-    case FwdKeyLoad::kMany:
-      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kMany>(params, stream);
     default:
-      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kManyLongRows>(params, stream);
+      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kMany>(params, stream);
   }
 }
 
@@ -204,8 +199,7 @@ int fwd_smem_bytes() {
   constexpr int kShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFewShortBand>::kSmemBytes;
   constexpr int kFew = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew>::kSmemBytes;
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
-  constexpr int kLong = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyLongRows>::kSmemBytes;
-  return std::max({kShort, kFew, kMany, kLong});
+  return std::max({kShort, kFew, kMany});
 }
 
 }  // namespace flashjax::sm90

@@ -20,16 +20,15 @@ struct FwdTileSizes {
   int block_n;
 };
 
-// kFewShortBand calls are kFew calls, kManyLongRows calls kMany calls.
+// kFewShortBand calls are kFew calls.
 enum class FwdKeyLoad {
   kFewShortBand,  // more than one 128-row tile and a band whose middle row sees < 512 keys
   kFew,           // at most one 128-row tile of queries, or a band whose middle row sees < 2048 keys
   kMany,          // the rest
-  kManyLongRows,  // no band, more than one 128-row tile, and every row sees >= 8192 keys
 };
 
 constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
-  const bool many_keys = load == FwdKeyLoad::kMany || load == FwdKeyLoad::kManyLongRows;
+  const bool many_keys = load == FwdKeyLoad::kMany;
   // D = 64: the exp2 work per key is as large as the GEMM work (64 x 128 exponentials per warpgroup and block
   // take the SFU as long as the block's two GEMMs take the tensor cores), so a third consumer warpgroup (FA3's
   // 192 x 128; S 64 + P 32 + O 32 registers under 160) keeps the tensor cores fed while two others exponentiate:
@@ -42,11 +41,10 @@ constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
   if (head_dim <= 96) return {128, 128};
   // D = 128: 128 keys per step (160 KB; S 64 + P 32 + O 64 registers) leaves room for a second Q buffer, so that
   // the next tile's Q is loaded and its first GEMM issued while this tile drains (bench/NOTES.md v5), and for a
-  // third K stage (O is then staged in the Q buffer: FwdKernelSm90's buffer plans). On rows of >= 8192 keys
-  // without a band, FA3's 176 keys per step (208 KB: one Q buffer, two K stages; S 88 + P 44 + O 64 registers)
-  // spreads the per-step costs over more keys and wins 2-4% (S = 8k / 16k), while the last, partial block
-  // costs <= 1%; at S = 4k it lost 4% (v5).
-  if (head_dim <= 128) return load == FwdKeyLoad::kManyLongRows ? FwdTileSizes{128, 176} : FwdTileSizes{128, 128};
+  // third K stage (O is then staged in the Q buffer: FwdKernelSm90's buffer plans). FA3's 176 keys per step on rows
+  // of >= 8192 keys without a band (one Q buffer, two K stages) won 2-4% there until softcap became a compile-time
+  // choice; since then 128 x 128 is as fast or faster on those rows too (bench/NOTES.md v10).
+  if (head_dim <= 128) return {128, 128};
   // D = 192: Q 48 + K 84 + V 84 = 216 KB, the largest multiple of 16 that fits; S 56 + P 28 + O 96 registers.
   // Where the band is short, 64 keys per step leave room for a second Q buffer and a third K stage (2 x 48 + 3 x 24
   // + 2 x 24 = 216 KB), so tiles carry over as at D = 128 (see D = 256 below): causal S 512 258 -> 314 TFLOP/s
