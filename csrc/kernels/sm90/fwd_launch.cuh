@@ -37,8 +37,8 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
 
 // The call's FwdKeyLoad (fwd_tile_sizes.cuh): kMany = more than one 128-row tile of queries, and either no band or a
 // band whose middle query row sees at least 2048 keys (about the mean over the rows for causal and sliding-window
-// bands); kFewShortBand = more than one tile and a band whose middle row sees fewer than 512 keys. The normalized band drops a side that excludes nothing, so e.g. a window
-// wider than the sequence counts as no band.
+// bands); kFewShortBand = more than one tile and a band whose middle row sees fewer than 512 keys. The normalized
+// band drops a side that excludes nothing, so e.g. a window wider than the sequence counts as no band.
 inline FwdKeyLoad key_load(const FwdParams& params) {
   if (params.seqlen_q <= 128) return FwdKeyLoad::kFew;
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
@@ -157,10 +157,6 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
              ? launch_kernel<FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true>>(params, stream)
              : launch_kernel<FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false>>(params, stream);
 }
-
-}  // namespace detail
-
-namespace detail {
 
 // The uncapped kernel of one FwdKeyLoad class (classes with equal tile sizes share it; the capped twin has the same
 // tiles and shared memory).
