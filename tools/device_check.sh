@@ -116,13 +116,14 @@ if stage ncu; then
   # Nsight Compute on one launch of flashjax's forward kernel per spec "mode:row" (mode as for the tests; row a
   # bench.py row name), e.g. NCU_SPECS="default:d128-s4096-full sm80:d64-s512-causal". Full section set; the
   # details page and tools/ncu_summary.py's stall summary land in $OUT/ncu_*.txt, the report and the per-SASS-line
-  # source page in $OUT/ncu_*.tgz. The clocks are left as found (--clock-control none, METHOD.md); NCU_CLOCK_CONTROL=base
-  # locks them at base as ncu does by default (cycle counts of earlier notes were taken that way).
+  # source page in $OUT/ncu_*.tgz. The clocks are left as found (--clock-control none, METHOD.md);
+  # NCU_CLOCK_CONTROL=base locks them at base as ncu does by default (cycle counts of earlier notes were taken so).
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for spec in ${NCU_SPECS:-default:d128-s4096-full}; do
     mode=${spec%%:*}; row=${spec#*:}; tag="ncu_${NCU_IMPL:-flashjax}_${mode}_${row//[^A-Za-z0-9]/_}"
-    FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$mode")" timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full --clock-control "${NCU_CLOCK_CONTROL:-none}" \
-      --import-source no --kernel-name-base demangled --kernel-name "regex:${NCU_KERNEL:-fwd_kernel_sm}" \
+    FLASHJAX_DISABLE_FAMILIES="$(disabled_for "$mode")" timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
+      --clock-control "${NCU_CLOCK_CONTROL:-none}" --import-source no --kernel-name-base demangled \
+      --kernel-name "regex:${NCU_KERNEL:-fwd_kernel_sm}" \
       --launch-skip 2 --launch-count 1 -f -o "$OUT/$tag" \
       $PY bench/bench.py --rows "^$row\$" --dirs fwd --impls "${NCU_IMPL:-flashjax}" --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
     rc=$?
