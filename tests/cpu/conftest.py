@@ -1,3 +1,32 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+
+
+@contextlib.contextmanager
+def _bench_script(filename, module_name):
+    """Imports bench/<filename> as `module_name`, with bench/ on sys.path while it is in use (its scripts import
+    their neighbours, as when they run as scripts)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec = importlib.util.spec_from_file_location(module_name, BENCH_DIR / filename)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+
+
+@pytest.fixture(scope="session")
+def bench_script():
+    """_bench_script, for the tests of bench/'s scripts."""
+    return _bench_script

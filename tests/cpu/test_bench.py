@@ -4,31 +4,21 @@ Peers that need a GPU (cuDNN, Pallas) record n/a here; two stand-ins built on XL
 so the correctness check is exercised both ways: one agrees with the reference, one is 10% off.
 """
 import contextlib
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 TINY = ["--tokens", "128", "--hidden", "32", "--hdims", "16", "--seqlens", "32,64",
         "--reps", "1", "--trials", "1", "--input-sets", "2"]
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH_DIR))  # bench.py imports plot.py from its own folder, as when run as a script
-    try:
-        spec = importlib.util.spec_from_file_location("flashjax_bench", BENCH_DIR / "bench.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+def bench(bench_script):
+    with bench_script("bench.py", "flashjax_bench") as module:  # it imports plot.py from its own folder
         yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
 
 
 @pytest.fixture(scope="module")

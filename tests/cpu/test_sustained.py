@@ -1,5 +1,4 @@
 """bench/sustained.py on CPU: its nvidia-smi sampling (a stand-in nvidia-smi on PATH) and its parsing."""
-import importlib.util
 import stat
 import sys
 from pathlib import Path
@@ -8,19 +7,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
-
 
 @pytest.fixture(scope="module")
-def sustained():
-    sys.path.insert(0, str(BENCH_DIR))  # sustained.py imports bench.py from its own folder
-    try:
-        spec = importlib.util.spec_from_file_location("flashjax_sustained", BENCH_DIR / "sustained.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+def sustained(bench_script):
+    with bench_script("sustained.py", "flashjax_sustained") as module:  # it imports bench.py from its own folder
         yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
 
 
 def test_parse_samples_skips_what_was_not_measured(sustained):
