@@ -9,6 +9,7 @@ steady state of a long job: what the kernel does per joule, not per cycle (bench
 take turns --rounds times. Rows and implementations are bench.py's.
 """
 import argparse
+import json
 import re
 import statistics
 import subprocess
@@ -61,7 +62,9 @@ def main(argv=None):
     p.add_argument("--impls", default="cudnn,flashjax")
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--json", help="also write the runs here: [{row, impl, tflops, mhz, watts, reasons}]")
     args = p.parse_args(argv)
+    records = []
     rows = [r for r in bench.grid_rows(16384, 2048, (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
             if re.search(args.rows, r.name)]
     impls = args.impls.split(",")
@@ -82,8 +85,12 @@ def main(argv=None):
                 mhz = statistics.median(s[0] for s in samples)
                 watts = statistics.median(s[1] for s in samples)
                 reasons = sorted({s[2] for s in samples})
-                print(f"{row.name:<28} {impl:<9} {rate * row.flops('fwd') / 1e12:8.1f} {mhz:6.0f} {watts:5.0f}  "
-                      f"{' '.join(reasons)}", flush=True)
+                tflops = rate * row.flops("fwd") / 1e12
+                print(f"{row.name:<28} {impl:<9} {tflops:8.1f} {mhz:6.0f} {watts:5.0f}  {' '.join(reasons)}",
+                      flush=True)
+                records.append(dict(row=row.name, impl=impl, tflops=tflops, mhz=mhz, watts=watts, reasons=reasons))
+    if args.json:
+        Path(args.json).write_text(json.dumps(records, indent=1))
 
 
 if __name__ == "__main__":

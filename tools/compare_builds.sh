@@ -6,6 +6,8 @@
 # the builds take turns ROUNDS times (default 1) to spread clock drift over all of them. Knobs: ROWS (bench.py
 # --rows regex, default the D 64 / D 128 grid rows), BENCH_ARGS (extra bench.py flags). JSON per build and round
 # land in $OUT (or bench/out); a table of flashjax/cuDNN ratios per row and build is printed last.
+# SUSTAINED=1 runs bench/sustained.py instead (flashjax alone, SUSTAINED_SECONDS back to back per row, default 3):
+# throughput at the board's power limit, with the SM clock; its rounds agree to ~0.5% (bench/NOTES.md v11).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out}
@@ -21,28 +23,41 @@ for spec in "$@"; do
 done
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for name in "${names[@]}"; do
-    FLASHJAX_LIBRARY="$LIBDIR/$name.so" $PY bench/bench.py --rows "${ROWS:-^d(64|128)-}" --dirs fwd \
-      --impls cudnn,flashjax ${BENCH_ARGS:-} --json "$OUT/compare_${name}_$round.json" > "$OUT/compare_${name}_$round.log" 2>&1 \
+    if [[ ${SUSTAINED:-0} == 1 ]]; then
+      run=(bench/sustained.py --impls flashjax --rounds 1 --seconds "${SUSTAINED_SECONDS:-3}")
+    else
+      run=(bench/bench.py --dirs fwd --impls cudnn,flashjax ${BENCH_ARGS:-})
+    fi
+    FLASHJAX_LIBRARY="$LIBDIR/$name.so" $PY "${run[@]}" --rows "${ROWS:-^d(64|128)-}" \
+      --json "$OUT/compare_${name}_$round.json" > "$OUT/compare_${name}_$round.log" 2>&1 \
       || { echo "$name round $round: bench failed"; tail -5 "$OUT/compare_${name}_$round.log"; }
   done
 done
 $PY - "$OUT" "${ROUNDS:-1}" "${names[@]}" <<'EOF'
 import json, os, statistics, sys
 out, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-table = {}  # row -> name -> [(flashjax, cudnn)]
+table = {}  # row -> name -> [(flashjax, cudnn, flag)], or [(flashjax, SM MHz, "")] from bench/sustained.py
+sustained = False
 for name in names:
     # This call's rounds only: a glob would also take files an earlier call left in $OUT, or another build's
     # whose name starts with this one's and an underscore.
     for path in (f"{out}/compare_{name}_{r}.json" for r in range(1, rounds + 1)):
         if not os.path.exists(path):  # its bench run failed (reported above)
             continue
-        for row in json.load(open(path))["rows"]:
+        report = json.load(open(path))
+        if isinstance(report, list):  # bench/sustained.py: flashjax alone; the cell's second number is its clock
+            sustained = True
+            for run in report:
+                table.setdefault(run["row"], {}).setdefault(name, []).append((run["tflops"], run["mhz"], ""))
+            continue
+        for row in report["rows"]:
             res = row["results"].get("fwd", {})
             fj, cd = res.get("flashjax", {}), res.get("cudnn", {})
             if "tflops" in fj and "tflops" in cd:
                 flag = " WRONG" if fj.get("wrong") else ""
                 table.setdefault(row["row"]["name"], {}).setdefault(name, []).append((fj["tflops"], cd["tflops"], flag))
-print("flashjax TFLOP/s (flashjax / cuDNN of the same process), median over rounds")
+print("flashjax TFLOP/s (SM MHz), sustained, median over rounds" if sustained else
+      "flashjax TFLOP/s (flashjax / cuDNN of the same process), median over rounds")
 print(f"{'row':28s}" + "".join(f"{n:>22s}" for n in names))
 for row, by_name in table.items():
     cells = []
@@ -52,6 +67,9 @@ for row, by_name in table.items():
             cells.append(f"{'-':>22s}")
             continue
         fj = statistics.median(r[0] for r in runs)
+        if sustained:
+            cells.append(f"{fj:9.1f} ({statistics.median(r[1] for r in runs):5.0f}){'':>6s}")
+            continue
         ratio = statistics.median(r[0] / r[1] for r in runs)
         cells.append(f"{fj:9.1f} ({ratio:5.3f}){''.join(r[2] for r in runs)[:6]:>6s}")
     print(f"{row:28s}" + "".join(cells))
