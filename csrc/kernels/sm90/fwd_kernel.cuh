@@ -85,6 +85,11 @@ struct FwdKernelSm90 {
   // 128 * 32 + 384 * 160 = 65536 with three.
   static constexpr int kProducerRegisters = Mainloop::kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = Mainloop::kConsumerWarpgroups == 2 ? 240 : 160;
+  // setmaxnreg moves registers within the CTA's pool, which holds what the launch allocated: __launch_bounds__
+  // (kThreads, 1) lets ptxas give each thread 65536 / kThreads rounded down to a multiple of 8. A split above the
+  // pool would leave the consumers' setmaxnreg.inc waiting forever.
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536 / kThreads / 8 * 8 * kThreads,
+                "setmaxnreg split over the registers the launch allocates");
 
   using SharedStorage = FwdSharedStorageSm90<Mainloop, kOwnOBuffer>;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
