@@ -21,13 +21,13 @@ for spec in "$@"; do
   if [[ $lib == *.xz ]]; then xz -dc "$lib" > "$LIBDIR/$name.so"; else cp "$lib" "$LIBDIR/$name.so"; fi
   names+=("$name")
 done
+if [[ ${SUSTAINED:-0} == 1 ]]; then
+  run=(bench/sustained.py --impls flashjax --rounds 1 --seconds "${SUSTAINED_SECONDS:-3}")
+else
+  run=(bench/bench.py --dirs fwd --impls cudnn,flashjax ${BENCH_ARGS:-})
+fi
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for name in "${names[@]}"; do
-    if [[ ${SUSTAINED:-0} == 1 ]]; then
-      run=(bench/sustained.py --impls flashjax --rounds 1 --seconds "${SUSTAINED_SECONDS:-3}")
-    else
-      run=(bench/bench.py --dirs fwd --impls cudnn,flashjax ${BENCH_ARGS:-})
-    fi
     FLASHJAX_LIBRARY="$LIBDIR/$name.so" $PY "${run[@]}" --rows "${ROWS:-^d(64|128)-}" \
       --json "$OUT/compare_${name}_$round.json" > "$OUT/compare_${name}_$round.log" 2>&1 \
       || { echo "$name round $round: bench failed"; tail -5 "$OUT/compare_${name}_$round.log"; }
