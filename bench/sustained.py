@@ -27,10 +27,10 @@ SMI_FIELDS = "clocks.sm,power.draw,clocks_event_reasons.active"
 
 def run_sustained(fn, calls, seconds):
     """(calls per second, nvidia-smi samples [(MHz, W, reasons)]) over `seconds` of back-to-back calls."""
-    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"],
-                           stdout=subprocess.PIPE, text=True)
     # Enough calls between host syncs (~0.2 s) that the GPU never waits for the host.
     reps = bench.calibrate_reps(fn, calls, min_reps=len(calls), min_trial_s=0.2)
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "50"],
+                           stdout=subprocess.PIPE, text=True)
     start, n = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         for r in range(reps):
