@@ -1,0 +1,74 @@
+"""Correctness of a `bench` kernel-set build (FLASHJAX_KERNEL_SET=bench: the sm90 bf16 forward and the sm80 bf16
+backward at D 64/128/256, no softcap) against the reference, for kernel variants that only that set was built for
+(tools/ab_device.sh's CHECK): the GPU tests' fixed cases in that scope (growing maxima and late spikes with their key
+scales), windows of every shape, causal with Sq != Sk and empty sequences, then random sweep configurations. One
+"ok"/"FAIL" line per case, the summary last.
+
+    FLASHJAX_LIBRARY=.../variant.so python3 tools/bench_set_check.py [N_RANDOM] [--list]   (repository root, on a GPU)
+"""
+import sys
+sys.path.insert(0, "tests/gpu")
+import jax.numpy as jnp
+import numpy as np
+import sweep
+import test_kernels as tk
+
+C = sweep.Config
+
+
+def in_scope(cfg):  # head dims padded up to a built one (64, 128, 256)
+    d = cfg.head_dim
+    return (cfg.dtype == "bfloat16" and cfg.softcap == 0.0 and cfg.head_dim_v == d
+            and (d <= 64 or 96 < d <= 128 or 192 < d <= 256))
+
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+
+
+def retyped(cfg):
+    return C("bfloat16", *[getattr(cfg, f) for f in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_k",
+                                                     "head_dim", "head_dim_v", "causal", "window_size", "sinks")],
+             0.0)
+
+
+# Most telling first: a call's time limit may cut the list (each case compiles its own kernel and reference calls).
+cases = [  # (config, key scale along the keys or None)
+    (C("bfloat16", 2, 1000, 3001, 8, 2, 128, 128, True, (-1, -1), True, 0.0), None),
+    (C("bfloat16", 2, 3001, 1000, 8, 2, 128, 128, True, (-1, -1), False, 0.0), None),
+    (C("bfloat16", 1, 2500, 2500, 4, 1, 64, 64, True, (-1, -1), False, 0.0), None),
+    (C("bfloat16", 1, 1800, 2100, 4, 2, 256, 256, True, (-1, -1), True, 0.0), None),
+    (C("bfloat16", 1, 0, 100, 2, 2, 128, 128, True, (-1, -1), False, 0.0), None),
+    (C("bfloat16", 1, 100, 0, 2, 2, 128, 128, False, (-1, -1), False, 0.0), None),
+]
+windows = [(100, 0), (0, 300), (257, 129), (1000, -1), (-1, 77), (0, 0), (3000, 3000)]
+for i, window in enumerate(windows):
+    d = (64, 128, 256)[i % 3]
+    cases.append((C("bfloat16", 2, 700 + 37 * i, 1300 - 91 * i, 4, 2, d, d, False, window, i % 2 == 0, 0.0), None))
+for cfg in tk.GROWING_MAX_CASES:
+    if in_scope(retyped(cfg)):
+        cases.append((retyped(cfg), lambda n: jnp.linspace(0.5, 12.0, n)))
+for cfg in tk.SPIKE_CASES:
+    if in_scope(retyped(cfg)):
+        cases.append((retyped(cfg), tk._late_spikes))
+for cfg in tk.IDLE_ROWS_CASES:
+    cases.append((retyped(cfg), None))
+rng = np.random.default_rng(12345)
+n_random = int(args[0]) if args else 20
+while n_random > 0:
+    cfg = sweep.random_config(rng)
+    if in_scope(cfg):
+        cases.append((cfg, None))
+        n_random -= 1
+if "--list" in sys.argv:
+    for cfg, key_scale in cases:
+        print(cfg, "(key scale)" if key_scale else "")
+    sys.exit(0)
+bad = 0
+for i, (cfg, key_scale) in enumerate(cases):
+    try:
+        tk._assert_kernel_matches_reference(cfg, np.random.default_rng(1000 + i), f"case {i}", key_scale)
+        print("ok  ", cfg, flush=True)
+    except Exception as err:  # noqa: BLE001
+        bad += 1
+        print("FAIL", cfg, str(err)[:300], flush=True)
+print(f"bench-set check: {len(cases) - bad} of {len(cases)} ok")
