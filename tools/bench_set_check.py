@@ -6,29 +6,29 @@ scales), windows of every shape, causal with Sq != Sk and empty sequences, then 
 
     FLASHJAX_LIBRARY=.../variant.so python3 tools/bench_set_check.py [N_RANDOM] [--list]   (repository root, on a GPU)
 """
+import dataclasses
 import sys
 sys.path.insert(0, "tests/gpu")
 import jax.numpy as jnp
 import numpy as np
 import sweep
 import test_kernels as tk
+from flashjax import _ffi
 
 C = sweep.Config
+BUILT_HEAD_DIMS = (64, 128, 256)
 
 
-def in_scope(cfg):  # head dims padded up to a built one (64, 128, 256)
-    d = cfg.head_dim
-    return (cfg.dtype == "bfloat16" and cfg.softcap == 0.0 and cfg.head_dim_v == d
-            and (d <= 64 or 96 < d <= 128 or 192 < d <= 256))
+def in_scope(cfg):  # the head dim the library pads to (the dispatcher's own rule) is a built one
+    return (cfg.dtype == "bfloat16" and cfg.softcap == 0.0 and cfg.head_dim_v == cfg.head_dim
+            and _ffi.padded_head_dim(cfg.head_dim) in BUILT_HEAD_DIMS)
 
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 
 
 def retyped(cfg):
-    return C("bfloat16", *[getattr(cfg, f) for f in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_k",
-                                                     "head_dim", "head_dim_v", "causal", "window_size", "sinks")],
-             0.0)
+    return dataclasses.replace(cfg, dtype="bfloat16", softcap=0.0)
 
 
 # Most telling first: a call's time limit may cut the list (each case compiles its own kernel and reference calls).
@@ -42,7 +42,7 @@ cases = [  # (config, key scale along the keys or None)
 ]
 windows = [(100, 0), (0, 300), (257, 129), (1000, -1), (-1, 77), (0, 0), (3000, 3000)]
 for i, window in enumerate(windows):
-    d = (64, 128, 256)[i % 3]
+    d = BUILT_HEAD_DIMS[i % len(BUILT_HEAD_DIMS)]
     cases.append((C("bfloat16", 2, 700 + 37 * i, 1300 - 91 * i, 4, 2, d, d, False, window, i % 2 == 0, 0.0), None))
 for cfg in tk.GROWING_MAX_CASES:
     if in_scope(retyped(cfg)):
