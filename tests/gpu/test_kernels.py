@@ -233,3 +233,27 @@ def test_output_is_deterministic_run_to_run():
     f = jax.jit(lambda q, k, v: flashjax.flash_attn(q, k, v, causal=True, backend="kernel"))
     a, b = f(q, k, v), f(q, k, v)
     np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+
+
+# Back-to-back kernels, each reading what the one before wrote, with no other op in between (one jit, one stream):
+# the sm90 forward launches with programmatic dependent launch, so it may start while the previous kernel still
+# runs, and its first global access must wait for that kernel's writes. Each output becomes the next call's values
+# (O = P V is linear in them) or queries (against keys scaled up, so the scores depend on them); short calls, so
+# that the next launch lands in the previous kernel's tail. A read of the output buffer before it is written gives
+# errors of order 1.
+def test_chained_calls_read_the_previous_output():
+    q, k, v = _inputs(6, b=2, sq=300, sk=300, hq=8, hk=8)
+    k = (k.astype(jnp.float32) * 4.0).astype(k.dtype)
+
+    def chain(q, k, v, backend):
+        for step in range(6):
+            out = flashjax.flash_attn(q, k, v, causal=True, backend=backend)
+            if step % 2 == 0:
+                v = out
+            else:
+                q = out
+        return out
+
+    got = jax.jit(lambda *a: chain(*a, "kernel"))(q, k, v)
+    want = chain(*(x.astype(jnp.float32) for x in (q, k, v)), "reference")
+

@@ -162,6 +162,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                        Shape<_1, _1, _1>{});
   cutlass::arch::fence_barrier_init();
   __syncthreads();  // barrier initialization visible to every thread (and to TMA) before first use
+  // Programmatic dependent launch (the launcher's FLASHJAX_SM90_PDL): this CTA may have started while the stream's
+  // previous kernel still runs. Everything above touches only shared memory and parameters; wait for that kernel
+  // (its completion and its memory) before the first global access. Then let the next kernel on the stream launch
+  // early: its CTAs take SMs only as ours exit (shared memory), and wait the same way. Both are no-ops without PDL.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
 

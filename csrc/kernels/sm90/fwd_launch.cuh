@@ -58,6 +58,16 @@ inline int max_ctas_for_tests() {
   return max_ctas;
 }
 
+// FLASHJAX_SM90_PDL=0 launches without programmatic dependent launch (EXPERIMENT exp/v12p: A/B in one build).
+// Read once per process.
+inline bool programmatic_launch() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FLASHJAX_SM90_PDL");
+    return value == nullptr || std::atoi(value) != 0;
+  }();
+  return enabled;
+}
+
 // The scheduler's parameters for a call shape. Where work is uneven, to_params plans the last tiles on the host
 // (fwd_tile_scheduler.cuh: tens of microseconds), the same plan for every call of one shape, so each kernel
 // configuration remembers the plans of its last kCachedShapes shapes (a training step calls few shapes).
@@ -146,7 +156,20 @@ cudaError_t launch_kernel(const FwdParams& params, cudaStream_t stream) {
   // is legal during CUDA-graph capture.
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
   if (err != cudaSuccess) return err;
-  kernel<<<Scheduler::grid_size(scheduler), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(kernel_params);
+  // Programmatic dependent launch: the kernel may start while the stream's previous kernel finishes (launch
+  // latency and the CTAs' prologue overlap that kernel's last CTAs); it waits for it before any global access.
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(Scheduler::grid_size(scheduler));
+  config.blockDim = dim3(Kernel::kThreads);
+  config.dynamicSmemBytes = Kernel::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic_launch() ? 1 : 0;
+  err = cudaLaunchKernelEx(&config, kernel, kernel_params);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 
