@@ -256,4 +256,5 @@ def test_chained_calls_read_the_previous_output():
 
     got = jax.jit(lambda *a: chain(*a, "kernel"))(q, k, v)
     want = chain(*(x.astype(jnp.float32) for x in (q, k, v)), "reference")
-
+    # bf16 rounding of each link: 0.25% (the reference on bf16 inputs); a stale Q or V at one link: 33-51%.
+    assert sweep.rel_err(got, want) < 1e-2
