@@ -58,7 +58,7 @@ inline int max_ctas_for_tests() {
   return max_ctas;
 }
 
-// FLASHJAX_SM90_PDL=0 launches without programmatic dependent launch (EXPERIMENT exp/v12p: A/B in one build).
+// FLASHJAX_SM90_PDL=0 launches without programmatic dependent launch, to compare the two in one build (README).
 // Read once per process.
 inline bool programmatic_launch() {
   static const bool enabled = [] {
