@@ -48,23 +48,23 @@ inline FwdKeyLoad key_load(const FwdParams& params) {
   return middle_keys >= 2048 ? FwdKeyLoad::kMany : middle_keys >= 512 ? FwdKeyLoad::kFew : FwdKeyLoad::kFewShortBand;
 }
 
+// An integer environment setting of the launcher (fallback when unset), read by its callers once per process.
+inline int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr ? std::atoi(value) : fallback;
+}
+
 // Test knob: FLASHJAX_SM90_MAX_CTAS=n caps the persistent grid at n CTAs, so that small problems (the sanitizer's,
 // the GPU tests') run many tiles per CTA and reach the hand-over from one tile to the next. Read once per process.
 inline int max_ctas_for_tests() {
-  static const int max_ctas = [] {
-    const char* value = std::getenv("FLASHJAX_SM90_MAX_CTAS");
-    return value != nullptr ? std::atoi(value) : 0;
-  }();
+  static const int max_ctas = env_int("FLASHJAX_SM90_MAX_CTAS", 0);
   return max_ctas;
 }
 
 // FLASHJAX_SM90_PDL=0 launches without programmatic dependent launch, to compare the two in one build (README).
 // Read once per process.
 inline bool programmatic_launch() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("FLASHJAX_SM90_PDL");
-    return value == nullptr || std::atoi(value) != 0;
-  }();
+  static const bool enabled = env_int("FLASHJAX_SM90_PDL", 1) != 0;
   return enabled;
 }
 
