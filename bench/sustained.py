@@ -65,7 +65,8 @@ def main(argv=None):
     p.add_argument("--json", help="also write the runs here: [{row, impl, tflops, mhz, watts, reasons}]")
     args = p.parse_args(argv)
     records = []
-    rows = [r for r in bench.grid_rows(16384, 2048, (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
+    grid = bench.parse_args([])  # bench.py's default grid
+    rows = [r for r in bench.grid_rows(grid.tokens, grid.hidden, grid.hdims, grid.seqlens)
             if re.search(args.rows, r.name)]
     impls = args.impls.split(",")
     print(f"{'row':<28} {'impl':<9} {'TFLOP/s':>8} {'MHz':>6} {'W':>5}  clock-limit reasons")
