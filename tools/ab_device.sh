@@ -9,7 +9,8 @@
 #                 print one "ok ..." / "FAIL ..." line per case. CHECK_S: its time limit (default 150 s).
 #   BENCH_ROWS    bench.py --rows regex (default the D 128 S 4k / 8k causal and S 4k full rows); BENCH_S per run.
 #   SUSTAINED_ROWS  sustained.py rows (default d128-s4096-causal); SUSTAINED_S per run.
-#   NCU_ROWS      bench.py row names for ncu (default none; ~25 s per build and row); NCU_S per run.
+#   NCU_ROWS      bench.py row names for ncu (default none; ~25 s per build and row); NCU_S per run; NCU_CLOCK
+#                 ncu --clock-control (default base). sm__cycles_active min / avg / max against elapsed: the balance.
 #   ROUNDS        alternating rounds of the bench and sustained stages (default 2).
 # Every step has a time limit: a hung variant must not take the call's whole budget.
 set -u
@@ -50,11 +51,11 @@ fi
 if [[ -n ${NCU_ROWS:-} ]]; then
   echo "== ncu, clocks locked at base: one launch of the forward kernel"
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.avg,lts__t_bytes.sum,dram__bytes_read.sum
+  metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,lts__t_bytes.sum,dram__bytes_read.sum
   for row in $NCU_ROWS; do
     for build in "${builds[@]}"; do
       name=${build%%=*}
-      FLASHJAX_LIBRARY=${build#*=} timeout "${NCU_S:-90}" "$NCU" --clock-control base --metrics "$metrics" \
+      FLASHJAX_LIBRARY=${build#*=} timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" --metrics "$metrics" \
         --kernel-name regex:fwd_kernel_sm --launch-skip 2 --launch-count 1 --csv --page raw \
         python3 bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$L/ncu.csv" 2>&1
       python3 - "$L/ncu.csv" "$row" "$name" "$metrics" <<'EOF'
