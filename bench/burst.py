@@ -8,10 +8,9 @@ calls at a time run mostly before the cap engages (100-300 ms into a load, bench
 implementation higher: DESIGN.md §6's cuDNN ~630 TFLOP/s at d128-s4096-full fits that regime (here 617; bench.py 568).
 This script times that regime, to tell which one a quoted number belongs to: each burst is --burst-ms of
 back-to-back calls after --idle seconds without work; the median burst is reported, implementations interleaved.
-Rows and implementations are bench.py's.
+Rows, implementations and grid flags (--tokens, --hidden, --hdims, --seqlens) are bench.py's.
 """
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -36,14 +35,9 @@ def main(argv=None):
     p.add_argument("--burst-ms", type=float, default=8.0, help="length of one burst of calls")
     p.add_argument("--idle", type=float, default=0.4, help="seconds without GPU work before each burst")
     p.add_argument("--bursts", type=int, default=9, help="bursts per implementation; the median is reported")
-    grid_flags = ("tokens", "hidden", "hdims", "seqlens")
-    for name in grid_flags:
-        p.add_argument(f"--{name}", help=f"bench.py's --{name} (its default grid where not given)")
-    args = p.parse_args(argv)
-    grid = bench.parse_args([flag for name in grid_flags if getattr(args, name) is not None
-                             for flag in (f"--{name}", getattr(args, name))])
-    rows = [r for r in bench.grid_rows(grid.tokens, grid.hidden, grid.hdims, grid.seqlens)
-            if re.search(args.rows, r.name)]
+    # Any other flag is bench.py's and shapes its grid (--tokens, --hidden, --hdims, --seqlens).
+    args, grid_argv = p.parse_known_args(argv)
+    rows = bench.select_rows(bench.parse_args(["--rows", args.rows, *grid_argv]))
     impls = args.impls.split(",")
     print(f"{'row':<28} " + " ".join(f"{impl:>9}" for impl in impls) + "   TFLOP/s, median burst", flush=True)
     for row in rows:

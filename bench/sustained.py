@@ -10,7 +10,6 @@ take turns --rounds times. Rows and implementations are bench.py's.
 """
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -65,9 +64,7 @@ def main(argv=None):
     p.add_argument("--json", help="also write the runs here: [{row, impl, tflops, mhz, watts, reasons}]")
     args = p.parse_args(argv)
     records = []
-    grid = bench.parse_args([])  # bench.py's default grid
-    rows = [r for r in bench.grid_rows(grid.tokens, grid.hidden, grid.hdims, grid.seqlens)
-            if re.search(args.rows, r.name)]
+    rows = bench.select_rows(bench.parse_args(["--rows", args.rows]))  # of bench.py's default grid
     impls = args.impls.split(",")
     print(f"{'row':<28} {'impl':<9} {'TFLOP/s':>8} {'MHz':>6} {'W':>5}  clock-limit reasons")
     for row in rows:

@@ -49,14 +49,15 @@ if [[ -n $SUSTAINED_ROWS ]]; then
 fi
 
 if [[ -n ${NCU_ROWS:-} ]]; then
-  echo "== ncu, clocks locked at base: one launch of the forward kernel"
+  echo "== ncu, --clock-control ${NCU_CLOCK:-base}: one launch of the forward kernel"
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.avg,sm__cycles_active.min,sm__cycles_active.max,lts__t_bytes.sum,dram__bytes_read.sum
+  metrics=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.avg,sm__cycles_active.min
+  metrics+=,sm__cycles_active.max,lts__t_bytes.sum,dram__bytes_read.sum
   for row in $NCU_ROWS; do
     for build in "${builds[@]}"; do
       name=${build%%=*}
-      FLASHJAX_LIBRARY=${build#*=} timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" --metrics "$metrics" \
-        --kernel-name regex:fwd_kernel_sm --launch-skip 2 --launch-count 1 --csv --page raw \
+      FLASHJAX_LIBRARY=${build#*=} timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" \
+        --metrics "$metrics" --kernel-name regex:fwd_kernel_sm --launch-skip 2 --launch-count 1 --csv --page raw \
         python3 bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$L/ncu.csv" 2>&1
       python3 - "$L/ncu.csv" "$row" "$name" "$metrics" <<'EOF'
 import csv, sys
