@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks several builds of libflashjax.so against cuDNN on the same GPU in one call, so that kernel variants
 # are compared on one machine (machine-to-machine spread of the flashjax/cuDNN ratio is ~2-3%, see bench/NOTES.md).
-#   tools/compare_builds.sh NAME=LIB[.xz] ...     e.g. main=.devcarry/variants/main.so.xz split=.devcarry/variants/split.so.xz
+#   tools/compare_builds.sh NAME=LIB[.xz][@PYDIR] ...
+#   e.g. main=.devcarry/variants/main.so.xz split=.devcarry/variants/split.so.xz
+# @PYDIR runs that build with PYDIR (a directory holding a flashjax package) ahead of the checkout's python/, for
+# builds whose Python side differs too (e.g. main's tree from `git archive`).
 # Each build runs bench.py (cuDNN and flashjax, interleaved trials) in its own process through $FLASHJAX_LIBRARY;
 # the builds take turns ROUNDS times (default 1) to spread clock drift over all of them. Knobs: ROWS (bench.py
 # --rows regex, default the D 64 / D 128 grid rows), BENCH_ARGS (extra bench.py flags). JSON per build and round
@@ -16,8 +19,10 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 XL
 PY=${PYTHON:-python3}
 LIBDIR=$(mktemp -d)
 names=()
+declare -A pydir
 for spec in "$@"; do
   name=${spec%%=*}; lib=${spec#*=}
+  if [[ $lib == *@* ]]; then pydir[$name]=$(cd "${lib#*@}" && pwd); lib=${lib%@*}; fi
   if [[ $lib == *.xz ]]; then xz -dc "$lib" > "$LIBDIR/$name.so"; else cp "$lib" "$LIBDIR/$name.so"; fi
   names+=("$name")
 done
@@ -28,7 +33,8 @@ else
 fi
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for name in "${names[@]}"; do
-    FLASHJAX_LIBRARY="$LIBDIR/$name.so" $PY "${run[@]}" --rows "${ROWS:-^d(64|128)-}" \
+    PYTHONPATH="${pydir[$name]:+${pydir[$name]}:}$PYTHONPATH" FLASHJAX_LIBRARY="$LIBDIR/$name.so" \
+      $PY "${run[@]}" --rows "${ROWS:-^d(64|128)-}" \
       --json "$OUT/compare_${name}_$round.json" > "$OUT/compare_${name}_$round.log" 2>&1 \
       || { echo "$name round $round: bench failed"; tail -5 "$OUT/compare_${name}_$round.log"; }
   done

@@ -96,6 +96,29 @@ ffi::Error fill_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::AnyBuffe
   return ffi::Error::Success();
 }
 
+// The per-call f32 operands that are optional (bwd's dlse, sinks) come last, each present exactly when its has_*
+// attribute is set: the lowering leaves an absent one out instead of passing a zero array, which XLA would
+// materialize with a kernel of its own before every call. `next` walks them in their fixed order.
+ffi::Error take_optional_f32(const ffi::RemainingArgs& rest, size_t& next, bool present, size_t elements,
+                             const char* name, const float*& data) {
+  data = nullptr;
+  if (!present) return ffi::Error::Success();
+  if (next >= rest.size()) return invalid(std::string(name) + " is flagged present but was not passed");
+  auto buffer = rest.get<ffi::Buffer<ffi::F32>>(next++);
+  if (buffer.has_error()) return invalid(std::string(name) + " must be a float32 array");
+  if (buffer->element_count() != elements) {
+    return invalid(std::string(name) + " must have " + std::to_string(elements) + " elements, got " +
+                   std::to_string(buffer->element_count()));
+  }
+  data = buffer->typed_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error no_operands_left(const ffi::RemainingArgs& rest, size_t next) {
+  if (next == rest.size()) return ffi::Error::Success();
+  return invalid(std::to_string(rest.size() - next) + " operand(s) more than the has_* attributes announce");
+}
+
 template <typename Params>
 ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cudaStream_t stream) {
   ProblemKey key;
@@ -114,27 +137,27 @@ ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cu
 }
 
 ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                    ffi::Buffer<ffi::F32> sinks, ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
-                    bool has_sinks, float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+                    ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                    ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_sinks, float softcap, float softmax_scale,
+                    int32_t window_left, int32_t window_right) {
   FwdParams p;
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
-  if (has_sinks && sinks.element_count() != static_cast<size_t>(p.heads_q)) {
-    return invalid("sinks must have Hq elements");
-  }
+  size_t next = 0;
+  if (auto err = take_optional_f32(optional, next, has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = no_operands_left(optional, next); err.failure()) return err;
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
-  p.sinks = has_sinks ? sinks.typed_data() : nullptr;
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
   return launch(ordinal, Direction::kFwd, p, stream);
 }
 
 ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::F32> dlse,
-                    ffi::Buffer<ffi::F32> sinks, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::RemainingArgs optional,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                     ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
                     ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
                     ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_sinks, float softcap,
@@ -155,8 +178,11 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   p.o = o.untyped_data();
   p.lse = lse.typed_data();
   p.dout = dout.untyped_data();
-  p.dlse = has_dlse ? dlse.typed_data() : nullptr;
-  p.sinks = has_sinks ? sinks.typed_data() : nullptr;
+  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
+  size_t next = 0;
+  if (auto err = take_optional_f32(optional, next, has_dlse, rows, "dlse", p.dlse); err.failure()) return err;
+  if (auto err = take_optional_f32(optional, next, has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = no_operands_left(optional, next); err.failure()) return err;
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
@@ -186,7 +212,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
                                   .Arg<ffi::AnyBuffer>()            // q
                                   .Arg<ffi::AnyBuffer>()            // k
                                   .Arg<ffi::AnyBuffer>()            // v
-                                  .Arg<ffi::Buffer<ffi::F32>>()     // sinks [Hq] (ignored unless has_sinks)
+                                  .RemainingArgs()                  // sinks [Hq] f32, only when has_sinks
                                   .Ret<ffi::AnyBuffer>()            // o
                                   .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
                                   .Attr<bool>("has_sinks")
@@ -206,8 +232,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl,
                                   .Arg<ffi::AnyBuffer>()            // o
                                   .Arg<ffi::Buffer<ffi::F32>>()     // lse
                                   .Arg<ffi::AnyBuffer>()            // dout
-                                  .Arg<ffi::Buffer<ffi::F32>>()     // dlse (ignored unless has_dlse)
-                                  .Arg<ffi::Buffer<ffi::F32>>()     // sinks
+                                  .RemainingArgs()                  // dlse if has_dlse, then sinks if has_sinks
                                   .Ret<ffi::AnyBuffer>()            // dq
                                   .Ret<ffi::AnyBuffer>()            // dk
                                   .Ret<ffi::AnyBuffer>()            // dv

@@ -7,7 +7,8 @@
 fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
 backward kernels only, and jax.jvp evaluates `tangent` (its fused kernel is a later issue: until then its lowering
 raises). Not jax.custom_vjp, which would forbid forward mode. Inputs reach these primitives already validated
-and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False.
+and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False
+(the CUDA lowering then leaves it out of the FFI call, as it does bwd's dlse when has_dlse is False).
 """
 from __future__ import annotations
 
@@ -87,10 +88,18 @@ def _attrs(params):
     return {name: _ATTR_TYPES[name](value) for name, value in params.items()}
 
 
-def _kernel_lowering(target):
+def _kernel_lowering(target, optional):
+    """The FFI call; `optional` maps operand positions to the has_* flag that says whether the kernel reads them.
+
+    An operand whose flag is off is left out of the call (the handler finds the optional ones after the required
+    ones, in order) rather than passed as the zero array the primitive carries: XLA would run a kernel of its own
+    to fill that array before every call, and it would sit between back-to-back attention kernels.
+    """
     def lowering(ctx, *args, **params):
         _ffi.register_targets()
-        return jax.ffi.ffi_lowering(target)(ctx, *args, **_attrs(params))
+        keep = [i for i in range(len(args)) if i not in optional or params[optional[i]]]
+        ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in keep])
+        return jax.ffi.ffi_lowering(target)(ctx, *(args[i] for i in keep), **_attrs(params))
     return lowering
 
 
@@ -100,8 +109,8 @@ def _tangent_lowering(ctx, *args, **params):
         "call flash_attn(..., backend='reference') for forward mode. Reverse mode (jax.grad/vjp) runs the kernels.")
 
 
-mlir.register_lowering(fwd_p, _kernel_lowering(_ffi.FWD_TARGET), platform="cuda")
-mlir.register_lowering(bwd_p, _kernel_lowering(_ffi.BWD_TARGET), platform="cuda")
+mlir.register_lowering(fwd_p, _kernel_lowering(_ffi.FWD_TARGET, {3: "has_sinks"}), platform="cuda")
+mlir.register_lowering(bwd_p, _kernel_lowering(_ffi.BWD_TARGET, {6: "has_dlse", 7: "has_sinks"}), platform="cuda")
 mlir.register_lowering(tangent_p, _tangent_lowering, platform="cuda")
 mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 

@@ -141,3 +141,30 @@ def test_vmap_over_sinks_runs_per_example():
     got_out, _ = jax.vmap(lambda s: primitives.forward(q, k, v, s, **params))(sinks)
     for i in range(2):
         np.testing.assert_allclose(got_out[i], primitives.forward(q, k, v, sinks[i], **params)[0], rtol=1e-6)
+
+
+def _cuda_ffi_operand_counts(fn, *args):
+    """{FFI target: operand count of each call} in fn's StableHLO lowered for CUDA (lowering needs no GPU)."""
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = {}
+    for line in text.splitlines():
+        if "stablehlo.custom_call @flashjax_" in line:
+            target = line.split("@", 1)[1].split("(", 1)[0]
+            operands = line.split("(", 1)[1].split(")", 1)[0]
+            calls.setdefault(target, []).append(len([o for o in operands.split(",") if o.strip()]))
+    return calls
+
+
+@pytest.mark.parametrize("has_sinks", [False, True])
+def test_cuda_lowering_leaves_unused_optional_operands_out(monkeypatch, has_sinks):
+    # A zero placeholder passed to the FFI call would cost a fill kernel before every call on the GPU.
+    monkeypatch.setattr(primitives._ffi, "register_targets", lambda: None)  # registration is for compiling only
+    params = _params(has_sinks)
+    q, k, v, s = (x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in _inputs(10))
+    fwd_only = lambda *a: primitives.forward(*a, **params)[0]
+    assert _cuda_ffi_operand_counts(fwd_only, q, k, v, s) == {"flashjax_fwd": [3 + has_sinks]}
+    out_only = lambda *a: jnp.sum(primitives.forward(*a, **params)[0].astype(jnp.float32))
+    with_lse = lambda *a: jnp.sum(primitives.forward(*a, **params)[1])
+    # bwd: q, k, v, o, lse, dout [, dlse when lse has a cotangent] [, sinks]
+    assert _cuda_ffi_operand_counts(jax.grad(out_only), q, k, v, s)["flashjax_bwd"] == [6 + has_sinks]
+    assert _cuda_ffi_operand_counts(jax.grad(with_lse), q, k, v, s)["flashjax_bwd"] == [7 + has_sinks]

@@ -193,6 +193,26 @@ def test_jit_of_grad_composes_and_matches_reference():
         assert sweep.rel_err(g, w) < 2e-2
 
 
+@pytest.mark.parametrize("with_lse", [False, True])
+def test_grad_with_sinks_with_and_without_an_lse_cotangent(with_lse):
+    # The FFI call passes dlse and sinks only when they are used (primitives._kernel_lowering): sinks then rides
+    # first or second among the optional operands, and the handler must tell which is which.
+    q, k, v = _inputs(11, sq=257, sk=300)
+    sinks = jnp.asarray(np.random.default_rng(12).standard_normal(q.shape[2]), jnp.float32)
+    weights = jnp.cos(jnp.arange(q.shape[-1], dtype=jnp.float32))
+
+    def loss(q, k, v, sinks, backend):
+        out, lse = flashjax.flash_attn(q, k, v, causal=True, sinks=sinks, return_lse=True, backend=backend)
+        value = jnp.sum(out.astype(jnp.float32) * weights)
+        return value + 0.1 * jnp.sum(jnp.sin(lse)) if with_lse else value
+
+    got = jax.jit(jax.grad(lambda *a: loss(*a, "kernel"), argnums=(0, 1, 2, 3)))(q, k, v, sinks)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want = jax.grad(lambda *a: loss(*a, "reference"), argnums=(0, 1, 2, 3))(*f32, sinks)
+    for g, w in zip(got, want):
+        assert sweep.rel_err(g, w) < 2e-2
+
+
 def test_vmap_over_extra_leading_axis():
     q, k, v = _inputs(2, b=1)
     qs = jnp.stack([q, q * 0.5, -q])
