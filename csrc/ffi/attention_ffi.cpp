@@ -96,28 +96,44 @@ ffi::Error fill_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::AnyBuffe
   return ffi::Error::Success();
 }
 
-// The per-call f32 operands that are optional (bwd's dlse, sinks) come last, each present exactly when its has_*
-// attribute is set: the lowering leaves an absent one out instead of passing a zero array, which XLA would
-// materialize with a kernel of its own before every call. `next` walks them in their fixed order.
-ffi::Error take_optional_f32(const ffi::RemainingArgs& rest, size_t& next, bool present, size_t elements,
-                             const char* name, const float*& data) {
-  data = nullptr;
-  if (!present) return ffi::Error::Success();
-  if (next >= rest.size()) return invalid(std::string(name) + " is flagged present but was not passed");
-  auto buffer = rest.get<ffi::Buffer<ffi::F32>>(next++);
-  if (buffer.has_error()) return invalid(std::string(name) + " must be a float32 array");
-  if (buffer->element_count() != elements) {
-    return invalid(std::string(name) + " must have " + std::to_string(elements) + " elements, got " +
-                   std::to_string(buffer->element_count()));
-  }
-  data = buffer->typed_data();
-  return ffi::Error::Success();
-}
+// The per-call f32 operands that are optional (fwd: sinks; bwd: dlse, sinks) come after the required ones, in that
+// slot order. The lowering passes only those whose has_* attribute is set: an unused one passed as a zero array
+// would cost a fill kernel of XLA's before every call. Calls lowered before that (flashjax 0.1.0, e.g. in a
+// jax.export artifact) pass every slot, the unused ones as placeholders; those are recognized by their count (all
+// slots) and skipped, so old artifacts keep running. With every flag set the two layouts are the same.
+class OptionalOperands {
+ public:
+  OptionalOperands(const ffi::RemainingArgs& rest, size_t slots) : rest_(rest), every_slot_(rest.size() == slots) {}
 
-ffi::Error no_operands_left(const ffi::RemainingArgs& rest, size_t next) {
-  if (next == rest.size()) return ffi::Error::Success();
-  return invalid(std::to_string(rest.size() - next) + " operand(s) more than the has_* attributes announce");
-}
+  // The next slot's data (checked to hold `elements` f32 values), or nullptr when the slot's flag is off.
+  ffi::Error take(bool present, size_t elements, const char* name, const float*& data) {
+    data = nullptr;
+    if (!present) {
+      next_ += every_slot_ ? 1 : 0;  // a placeholder to step over
+      return ffi::Error::Success();
+    }
+    if (next_ >= rest_.size()) return invalid(std::string(name) + " is flagged present but was not passed");
+    auto buffer = rest_.get<ffi::Buffer<ffi::F32>>(next_++);
+    if (buffer.has_error()) return invalid(std::string(name) + " must be a float32 array");
+    if (buffer->element_count() != elements) {
+      return invalid(std::string(name) + " must have " + std::to_string(elements) + " elements, got " +
+                     std::to_string(buffer->element_count()));
+    }
+    data = buffer->typed_data();
+    return ffi::Error::Success();
+  }
+
+  // After the last slot: nothing may be left over.
+  ffi::Error finish() const {
+    if (next_ == rest_.size()) return ffi::Error::Success();
+    return invalid(std::to_string(rest_.size()) + " optional operand(s) do not match the has_* attributes");
+  }
+
+ private:
+  const ffi::RemainingArgs& rest_;
+  bool every_slot_;
+  size_t next_ = 0;
+};
 
 template <typename Params>
 ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cudaStream_t stream) {
@@ -144,9 +160,9 @@ ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
-  size_t next = 0;
-  if (auto err = take_optional_f32(optional, next, has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = no_operands_left(optional, next); err.failure()) return err;
+  OptionalOperands slots(optional, 1);
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
@@ -179,10 +195,10 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   p.lse = lse.typed_data();
   p.dout = dout.untyped_data();
   const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
-  size_t next = 0;
-  if (auto err = take_optional_f32(optional, next, has_dlse, rows, "dlse", p.dlse); err.failure()) return err;
-  if (auto err = take_optional_f32(optional, next, has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = no_operands_left(optional, next); err.failure()) return err;
+  OptionalOperands slots(optional, 2);
+  if (auto err = slots.take(has_dlse, rows, "dlse", p.dlse); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
   p.dq = dq->untyped_data();
   p.dk = dk->untyped_data();
   p.dv = dv->untyped_data();
@@ -212,7 +228,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
                                   .Arg<ffi::AnyBuffer>()            // q
                                   .Arg<ffi::AnyBuffer>()            // k
                                   .Arg<ffi::AnyBuffer>()            // v
-                                  .RemainingArgs()                  // sinks [Hq] f32, only when has_sinks
+                                  .RemainingArgs()                  // sinks [Hq] f32 (see OptionalOperands)
                                   .Ret<ffi::AnyBuffer>()            // o
                                   .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
                                   .Attr<bool>("has_sinks")
@@ -232,7 +248,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl,
                                   .Arg<ffi::AnyBuffer>()            // o
                                   .Arg<ffi::Buffer<ffi::F32>>()     // lse
                                   .Arg<ffi::AnyBuffer>()            // dout
-                                  .RemainingArgs()                  // dlse if has_dlse, then sinks if has_sinks
+                                  .RemainingArgs()                  // dlse, sinks (see OptionalOperands)
                                   .Ret<ffi::AnyBuffer>()            // dq
                                   .Ret<ffi::AnyBuffer>()            // dk
                                   .Ret<ffi::AnyBuffer>()            // dv
