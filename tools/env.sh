@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${FLASHJAX_VENV:-.venv}
-PINS=(jax==0.11.2 jaxlib==0.11.2 nvidia-cutlass==4.2.0.0 numpy pytest pytest-xdist scikit-build-core
+PINS=(jax==0.11.2 jaxlib==0.11.2 nvidia-cutlass==4.2.0.0 numpy pytest pytest-xdist scikit-build-core flatbuffers
       "cmake>=3.26" ninja matplotlib)
 
 find_python() {
@@ -20,7 +20,8 @@ find_python() {
   return 1
 }
 
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import jax, cutlass_library, pytest' 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] ||
+   ! "$VENV/bin/python" -c 'import jax, cutlass_library, pytest, flatbuffers' 2>/dev/null; then
   PY=$(find_python) || { echo "flashjax: needs Python >= 3.12 (jax 0.11 requires it); none found" >&2; exit 1; }
   echo "flashjax: creating $VENV with $PY"
   "$PY" -m venv "$VENV"

@@ -9,7 +9,7 @@
 from .api import explain, flash_attn, flash_attn_varlen, flash_mha, flash_mha_varlen
 from .masks import MaskMod, causal_mask, document_mask, prefix_lm_mask, sliding_window_mask, static
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "flash_attn", "flash_attn_varlen", "flash_mha", "flash_mha_varlen", "explain",

@@ -4,6 +4,8 @@ Off CUDA the primitives lower to the reference, so these tests exercise exactly 
 (which primitive appears where, workspace shapes, vmap folding and its per-example fallback) against plain
 autodiff of the reference.
 """
+import pathlib
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -145,7 +147,10 @@ def test_vmap_over_sinks_runs_per_example():
 
 def _cuda_ffi_operand_counts(fn, *args):
     """{FFI target: operand count of each call} in fn's StableHLO lowered for CUDA (lowering needs no GPU)."""
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return _ffi_operand_counts(jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text())
+
+
+def _ffi_operand_counts(text):
     calls = {}
     for line in text.splitlines():
         if "stablehlo.custom_call @flashjax_" in line:
@@ -168,3 +173,21 @@ def test_cuda_lowering_leaves_unused_optional_operands_out(monkeypatch, has_sink
     # bwd: q, k, v, o, lse, dout [, dlse when lse has a cotangent] [, sinks]
     assert _cuda_ffi_operand_counts(jax.grad(out_only), q, k, v, s)["flashjax_bwd"] == [6 + has_sinks]
     assert _cuda_ffi_operand_counts(jax.grad(with_lse), q, k, v, s)["flashjax_bwd"] == [7 + has_sinks]
+
+
+def test_newest_export_artifact_has_todays_ffi_operands(monkeypatch):
+    # tests/gpu/data keeps one jax.export artifact per FFI operand layout, and the GPU tests run each on today's
+    # library. A lowering that passes different operands needs its own artifact (tests/gpu/export_fixture.py).
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parents[1] / "gpu"))
+    monkeypatch.setattr(primitives._ffi, "register_targets", lambda: None)
+    import export_fixture
+    from jax import export
+
+    def version(path):
+        return tuple(int(x) for x in path.name.split("_")[1].split("."))
+
+    newest = max((pathlib.Path(__file__).parents[1] / "gpu" / "data").glob("flashjax_*.jax_export"), key=version)
+    stored = export.deserialize(newest.read_bytes()).mlir_module()
+    today = export_fixture.export_call(export_fixture.fixture_function(), platforms=("cuda",))(
+        *export_fixture.export_fixture_inputs()).mlir_module()
+    assert _ffi_operand_counts(today) == _ffi_operand_counts(stored), newest.name

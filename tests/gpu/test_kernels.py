@@ -6,6 +6,7 @@ head dims 8..256 (padded inside the library), causal, windows (wider than the se
 rows), sinks, softcap, both dtypes, cotangents on out and lse.
 """
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import export_fixture
 import flashjax
 import sweep
 
@@ -240,6 +242,47 @@ def test_calls_lowered_with_every_optional_slot_still_run():
     want = jax.jit(lambda *a: primitives.backward(*a, **bwd_params))(*args)[:3]
     for g, w in zip(got, want):  # dq accumulates with atomics: equal up to summation order
         assert sweep.rel_err(g, w) < 1e-3
+
+
+def test_export_round_trip_matches_the_jitted_call():
+    # DESIGN.md §1: jax.export of a jitted call works (stable FFI target names); serialization when flatbuffers,
+    # which jax.export's serializer needs, is installed.
+    from jax import export
+    q, k, v, d_out = export_fixture.export_fixture_inputs(3)
+
+    def fwd_bwd(q, k, v, d_out):
+        out, pullback = jax.vjp(lambda *a: flashjax.flash_attn(*a, causal=True, backend="kernel"), q, k, v)
+        return (out, *pullback(d_out))
+
+    exported = export_fixture.export_call(fwd_bwd)(q, k, v, d_out)
+    try:
+        exported = export.deserialize(exported.serialize())
+    except ImportError:
+        pass
+    got = exported.call(q, k, v, d_out)
+    want = jax.jit(fwd_bwd)(q, k, v, d_out)
+    for g, w in zip(got, want):  # dq accumulates with atomics: equal up to summation order
+        assert sweep.rel_err(g, w) < 1e-3
+
+
+EXPORT_ARTIFACTS = pathlib.Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("artifact", sorted(p.name for p in EXPORT_ARTIFACTS.glob("*.jax_export")))
+def test_exported_by_earlier_versions_still_runs(artifact):
+    # Artifacts serialized by earlier flashjax versions (tests/gpu/export_fixture.py says how): 0.1.0 passed every
+    # optional FFI operand, 0.2.0 only the used ones; today's handlers must take both and compute the same.
+    export = pytest.importorskip("jax.export")
+    pytest.importorskip("flatbuffers", reason="jax.export's deserializer needs flatbuffers")
+    exported = export.deserialize((EXPORT_ARTIFACTS / artifact).read_bytes())
+    inputs = export_fixture.export_fixture_inputs(4)
+    got = exported.call(*inputs)
+    want = jax.jit(export_fixture.fixture_function())(*inputs)
+    reference = jax.vjp(lambda *a: flashjax.flash_attn(*a, causal=True, backend="reference"),
+                        *(x.astype(jnp.float32) for x in inputs[:3]))
+    ref = (reference[0], *reference[1](inputs[3].astype(jnp.float32)))
+    for g, w, r in zip(got, want, ref):
+        assert sweep.rel_err(g, w) < 1e-3 and sweep.rel_err(g, r) < 2e-2
 
 
 def test_vmap_over_extra_leading_axis():
