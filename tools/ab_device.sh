@@ -4,7 +4,8 @@
 # in cycles and L2 bytes under ncu with the clocks locked at base (per-cycle cost, free of the power limit).
 #   VARIANTS="v12b v12c" tools/ab_device.sh
 # Builds: $MAIN (default .devcarry/full/libflashjax.so.xz) and .devcarry/variants/NAME.so.xz for each variant (carry
-# them). Knobs, each stage skipped when its rows are empty:
+# them); MAIN_PY=DIR runs main with DIR's flashjax package (a variant that changes the Python side as well).
+# Knobs, each stage skipped when its rows are empty:
 #   CHECK         python script run per variant with FLASHJAX_LIBRARY set (e.g. "tools/x_check.py 20"); it should
 #                 print one "ok ..." / "FAIL ..." line per case. CHECK_S: its time limit (default 150 s).
 #   BENCH_ROWS    bench.py --rows regex (default the D 128 S 4k / 8k causal and S 4k full rows); BENCH_S per run.
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.." || exit 1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 L=$(mktemp -d)
 xz -dc "${MAIN:-.devcarry/full/libflashjax.so.xz}" > "$L/main.so" || exit 1
-builds=("main=$L/main.so")
+builds=("main=$L/main.so${MAIN_PY:+@$MAIN_PY}")  # MAIN_PY: main's Python tree too (compare_builds.sh's @PYDIR)
 for v in ${VARIANTS:-}; do
   xz -dc ".devcarry/variants/$v.so.xz" > "$L/$v.so" || exit 1
   builds+=("$v=$L/$v.so")
@@ -55,8 +56,10 @@ if [[ -n ${NCU_ROWS:-} ]]; then
   metrics+=,sm__cycles_active.max,lts__t_bytes.sum,dram__bytes_read.sum
   for row in $NCU_ROWS; do
     for build in "${builds[@]}"; do
-      name=${build%%=*}
-      FLASHJAX_LIBRARY=${build#*=} timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" \
+      name=${build%%=*} lib=${build#*=} pydir=""
+      if [[ $lib == *@* ]]; then pydir=$(cd "${lib#*@}" && pwd); lib=${lib%@*}; fi
+      PYTHONPATH="${pydir:+$pydir:}$PYTHONPATH" FLASHJAX_LIBRARY=$lib \
+        timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" \
         --metrics "$metrics" --kernel-name regex:fwd_kernel_sm --launch-skip 2 --launch-count 1 --csv --page raw \
         python3 bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$L/ncu.csv" 2>&1
       python3 - "$L/ncu.csv" "$row" "$name" "$metrics" <<'EOF'
