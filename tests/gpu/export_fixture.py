@@ -47,9 +47,10 @@ def main(path):
     from flashjax import _ffi
     _ffi.register_targets = lambda: None  # registration serves compilation; lowering for export needs none
     exported = export_call(fixture_function(), platforms=("cuda",))(*export_fixture_inputs())
+    serialized = exported.serialize()
     with open(path, "wb") as f:
-        f.write(exported.serialize())
-    print(f"wrote {path}: {len(exported.serialize())} bytes, platforms {exported.platforms}")
+        f.write(serialized)
+    print(f"wrote {path}: {len(serialized)} bytes, platforms {exported.platforms}")
 
 
 if __name__ == "__main__":
