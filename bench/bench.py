@@ -85,7 +85,8 @@ def grid_rows(tokens, hidden, head_dims, seqlens):
     """The §6 grid (batch = tokens / S, heads = hidden / D, causal and not) and its extra rows.
 
     The extra rows scale with `tokens` so a tiny CPU run keeps their shape; at 16k tokens they are
-    exactly GQA 32:8 at S 4k, a 1024-wide causal sliding window at S 16k, and decode against 8k keys.
+    exactly GQA 32:8 at S 4k, a 1024-wide causal sliding window at S 16k, and decode against 8k keys (MHA and
+    GQA 32:8, and GQA with 16 queries per sequence).
     """
     rows = []
     for d in head_dims:
@@ -101,6 +102,10 @@ def grid_rows(tokens, hidden, head_dims, seqlens):
         rows.append(Row(f"gqa32:8-d128-s{s}-{kind}", tokens // s, s, s, 32, 8, 128, causal))
     rows.append(Row(f"swa{tokens // 16}-d128-s{tokens}", 1, tokens, tokens, 16, 16, 128, True, (tokens // 16, 0)))
     rows.append(Row(f"decode-d128-sk{tokens // 2}", 64, 1, tokens // 2, 16, 16, 128, False))
+    # Short query lengths under GQA (decode, and a 16-token speculative step), where the sm90 forward packs the
+    # query heads of a KV head into one tile.
+    rows.append(Row(f"decode-gqa32:8-d128-sk{tokens // 2}", 64, 1, tokens // 2, 32, 8, 128, False))
+    rows.append(Row(f"spec16-gqa32:8-d128-sk{tokens // 2}", 64, 16, tokens // 2, 32, 8, 128, False))
     return rows
 
 

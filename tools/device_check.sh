@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]   stages: build info tests tests_capped tests80 sanitize bench ncu
+#   tools/device_check.sh [stage ...]   stages: build info tests tests_capped tests_packed tests80 sanitize bench ncu
 #                                        (default: all but build and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
-#   FLASHJAX_SWEEP_N (sweep size), FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
+#   FLASHJAX_SWEEP_N (sweep size; CAPPED_SWEEP_N and PACKED_SWEEP_N for those stages), FLASHJAX_TEST_JOBS
+#   (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
 #   SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_MODES (default "default sm80"),
 #   SANITIZE_ARGS (flashjax_sanitize flags, e.g. "--only 3"), SANITIZE_DRIVER (the driver binary; default: the one
 #   the build stage made), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL (the
@@ -23,7 +24,7 @@ fi
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PEERS:+:$PEERS}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
-STAGES=${*:-info tests tests_capped tests80 sanitize bench}
+STAGES=${*:-info tests tests_capped tests_packed tests80 sanitize bench}
 declare -A RESULT
 
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -65,6 +66,12 @@ if stage tests_capped; then
   # small problems. The same cap applies to the sanitize stage when FLASHJAX_SM90_MAX_CTAS is set for it.
   FLASHJAX_SM90_MAX_CTAS=${CAPPED_CTAS:-3} FLASHJAX_SWEEP_N=${CAPPED_SWEEP_N:-40} \
     run_gpu_tests default capped -k "sweep or tile or several or past_the_last_row"
+fi
+if stage tests_packed; then
+  # Every GQA call of the sweep through the sm90 forward's packed-GQA tiles (FLASHJAX_SM90_PACK_GQA=1), also where
+  # the rule would not pack (long sequences, 192-row tiles, planned tails); the default stage packs only short ones.
+  FLASHJAX_SM90_PACK_GQA=1 FLASHJAX_SWEEP_N=${PACKED_SWEEP_N:-60} \
+    run_gpu_tests default packed -k "sweep or tile or several or past_the_last_row or packed_gqa"
 fi
 if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then

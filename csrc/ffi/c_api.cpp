@@ -9,6 +9,7 @@
 #include "ffi/dispatch.h"
 #include "ffi/kernel_table.h"
 #include "flashjax/workspace.h"
+#include "kernels/sm90/fwd_pack_gqa.h"
 
 #define FLASHJAX_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -67,3 +68,9 @@ FLASHJAX_EXPORT int flashjax_max_smem_per_block_optin(int device_sm) {
 
 // The compiled head width a call of head dim `head_dim` is zero-padded to; 0 when none holds it.
 FLASHJAX_EXPORT int flashjax_padded_head_dim(int head_dim) { return flashjax::padded_head_dim(head_dim); }
+
+// Query heads per tile of the sm90 forward for a call of these sizes (fwd_pack_gqa.h, FLASHJAX_SM90_PACK_GQA
+// honoured): Hq / Hk where it packs GQA, 1 where it does not.
+FLASHJAX_EXPORT int flashjax_sm90_fwd_pack_group(int seqlen_q, int heads_q, int heads_k) {
+  return flashjax::sm90::fwd_pack_group(seqlen_q, heads_q, heads_k, flashjax::sm90::pack_gqa_mode());
+}

@@ -84,6 +84,13 @@ def padded_head_dim(head_dim: int) -> int:
     return library().flashjax_padded_head_dim(head_dim)
 
 
+def sm90_fwd_pack_group(seqlen_q: int, heads_q: int, heads_k: int) -> int:
+    """Query heads per tile the sm90 forward uses for these sizes: Hq / Hk where it packs GQA, else 1."""
+    fn = library().flashjax_sm90_fwd_pack_group
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int] * 3
+    return fn(seqlen_q, heads_q, heads_k)
+
+
 def max_smem_per_block_optin(device_sm: int) -> int:
     """Bytes of shared memory per block that dispatch allows a kernel on a GPU of this compute capability."""
     fn = library().flashjax_max_smem_per_block_optin

@@ -327,5 +327,11 @@ def explain(q, k, v, *, varlen=False, causal=False, window_size=(-1, -1), softca
         warnings.simplefilter("ignore")
         path, reason = plan(q.dtype, head_dim, varlen=varlen, options=options, device_sm=device_sm)
     shape = f"q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} {jnp.dtype(q.dtype).name}"
-    width = f", head dim padded to {_ffi.padded_head_dim(head_dim)}" if path == "kernel" else ""
-    return f"{shape}: {path} ({reason}{width})"
+    details = ""
+    if path == "kernel":
+        details = f", head dim padded to {_ffi.padded_head_dim(head_dim)}"
+        group = _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if reason.startswith("sm90 ") else 1
+        if group > 1:
+            details += (f"; GQA packed: the {group} query heads of a KV head share each forward tile, "
+                        f"{q.shape[-3]} positions filling {group * q.shape[-3]} rows")
+    return f"{shape}: {path} ({reason}{details})"

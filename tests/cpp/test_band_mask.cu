@@ -58,6 +58,27 @@ void expect_band_exact(int sq, int sk, int left, int right) {
         ASSERT_TRUE(v || !mask_free) << "row " << i << " key " << j << " invisible in a mask-free block";
         const bool in_mask = j >= mask.row0_col_lo + r && j < std::min(mask.row0_col_hi + r, mask.seqlen_k);
         ASSERT_EQ(in_mask, v) << "row " << i << " key " << j;
+        const int row[1] = {i};
+        const RowsMask<1> row_mask = band.rows_mask(row);
+        ASSERT_EQ(j >= row_mask.col_lo[0] && j < row_mask.col_hi[0], v) << "rows_mask: row " << i << " key " << j;
+      }
+    }
+    // A tile of rows between two positions that are not a whole aligned tile (a packed GQA tile spans a few
+    // positions of several heads): every row's visible keys are visited, and mask-free blocks are all visible.
+    const int first = m_start + kBlockM / 4;
+    const int last = std::min(m_start + kBlockM / 2, sq - 1);
+    if (first > last) continue;
+    const KvBlockRange rows_range = band.kv_blocks_of_rows<kBlockN>(first, last);
+    for (int i = first; i <= last; ++i) {
+      for (int j = 0; j < sk + kBlockN; ++j) {
+        const bool v = visible(i, j, sq, sk, left, right);
+        const int block = j / kBlockN;
+        ASSERT_TRUE(!v || (!rows_range.empty() && block >= rows_range.n_block_min &&
+                           block < rows_range.n_block_max))
+            << "rows [" << first << ", " << last << "]: row " << i << " key " << j << " visible but skipped";
+        ASSERT_TRUE(v || rows_range.empty() || block < rows_range.n_unmasked_begin ||
+                    block >= rows_range.n_unmasked_end)
+            << "rows [" << first << ", " << last << "]: row " << i << " key " << j << " in a mask-free block";
       }
     }
   }

@@ -1,7 +1,8 @@
 // The sm90 forward's persistent tile scheduler (csrc/kernels/sm90/fwd_tile_scheduler.cuh), simulated on the host:
-// every CTA's walk together visits every tile exactly once, tiles map one-to-one onto (m-block, head, batch), and
-// where m-blocks differ in work (causal, windows) the busiest CTA does not carry much more than the average, in
-// the cost model the tail plan uses.
+// every CTA's walk together visits every tile exactly once, tiles map one-to-one onto (m-block, head, batch), their
+// rows (fwd_query_tiling.cuh, packed GQA or not) onto the (position, query head) pairs of each batch, and where
+// m-blocks differ in work (causal, windows) the busiest CTA does not carry much more than the average, in the cost
+// model the tail plan uses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,50 +36,70 @@ struct Walk {
   bool planned = false;  // some tiles were planned (tail) rather than walked by the static rule
 };
 
-// Walks every CTA of the launch grid and checks coverage; returns the work per CTA.
+// Walks every CTA of the launch grid and checks coverage; returns the work per CTA. group > 1: GQA packed, the
+// query heads of a KV head `group` to a tile.
 template <int kTileM = kBlockM, int kTileN = kBlockN>
-Walk walk_all(const AttnShape& shape, int num_sms) {
+Walk walk_all(const AttnShape& shape, int num_sms, int group = 1) {
   using Scheduler = FwdTileSchedulerSm90<kTileM, kTileN>;
   SCOPED_TRACE(::testing::Message() << "B " << shape.batch << " H " << shape.heads_q << " Sq " << shape.seqlen_q
                                     << " Sk " << shape.seqlen_k << " window (" << shape.window_left << ", "
                                     << shape.window_right << ") SMs " << num_sms << " tile " << kTileM << "x"
-                                    << kTileN);
-  const typename Scheduler::Params params = Scheduler::to_params(shape, num_sms);
-  const int grid = Scheduler::grid_size(params);
-  const common::BandMask band(shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right);
-  EXPECT_GE(grid, params.num_tiles > 0 ? 1 : 0);
-  EXPECT_LE(grid, num_sms);
-  std::vector<int> tile_seen(params.num_tiles, 0);
-  std::vector<int> coord_seen(params.num_tiles, 0);
-  Walk result;
-  result.paired = params.paired;
-  result.planned = params.bulk_tiles < params.num_tiles;
-  double total = 0;
-  for (int cta = 0; cta < grid; ++cta) {
-    double work = 0;
-    for (int t = Scheduler::first_tile(params, cta); t < params.num_tiles;
-         t = Scheduler::next_tile(params, t, cta, grid)) {
-      ++tile_seen[t];
-      const typename Scheduler::Tile tile = Scheduler::tile(params, t);
-      EXPECT_GE(tile.m_block, 0);
-      EXPECT_LT(tile.m_block, params.num_m_blocks);
-      EXPECT_GE(tile.head_q, 0);
-      EXPECT_LT(tile.head_q, shape.heads_q);
-      EXPECT_GE(tile.batch, 0);
-      EXPECT_LT(tile.batch, shape.batch);
-      ++coord_seen[(tile.batch * shape.heads_q + tile.head_q) * params.num_m_blocks + tile.m_block];
-      const int blocks = band.template kv_blocks<kTileM, kTileN>(tile.m_block * kTileM).num_blocks();
-      work += blocks > 0 ? Scheduler::kCostPerBlock * blocks + Scheduler::kCostPerTile : Scheduler::kCostOfEmptyTile;
+                                    << kTileN << " group " << group);
+  // The walk over tiles of either kind (group 1: the unpacked tiling the kernels use for it).
+  auto walk = [&](const auto& tiling) {
+    const typename Scheduler::Params params = Scheduler::to_params(shape, tiling, num_sms);
+    const int heads = shape.heads_q / group;
+    const int grid = Scheduler::grid_size(params);
+    const common::BandMask band(shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right);
+    EXPECT_GE(grid, params.num_tiles > 0 ? 1 : 0);
+    EXPECT_LE(grid, num_sms);
+    std::vector<int> tile_seen(params.num_tiles, 0);
+    std::vector<int> coord_seen(params.num_tiles, 0);
+    std::vector<int> row_seen(size_t(shape.batch) * shape.heads_q * shape.seqlen_q, 0);
+    Walk result;
+    result.paired = params.paired;
+    result.planned = params.bulk_tiles < params.num_tiles;
+    double total = 0;
+    for (int cta = 0; cta < grid; ++cta) {
+      double work = 0;
+      for (int t = Scheduler::first_tile(params, cta); t < params.num_tiles;
+           t = Scheduler::next_tile(params, t, cta, grid)) {
+        ++tile_seen[t];
+        const typename Scheduler::Tile tile = Scheduler::tile(params, t);
+        EXPECT_GE(tile.m_block, 0);
+        EXPECT_LT(tile.m_block, params.num_m_blocks);
+        EXPECT_GE(tile.head, 0);
+        EXPECT_LT(tile.head, heads);
+        EXPECT_GE(tile.batch, 0);
+        EXPECT_LT(tile.batch, shape.batch);
+        ++coord_seen[(tile.batch * heads + tile.head) * params.num_m_blocks + tile.m_block];
+        const auto positions = tiling.positions(tile.m_block);
+        EXPECT_LE(positions.first, positions.last);
+        EXPECT_LT(positions.last, shape.seqlen_q);
+        for (int r = 0; r < kTileM; ++r) {
+          const auto row = tiling.row(tile.m_block, tile.head, r);
+          if (row.position >= shape.seqlen_q) continue;
+          EXPECT_GE(row.position, positions.first);
+          EXPECT_LE(row.position, positions.last);
+          EXPECT_EQ(row.head_q / group, tile.head);
+          ++row_seen[(size_t(tile.batch) * shape.heads_q + row.head_q) * shape.seqlen_q + row.position];
+        }
+        const int blocks = band.template kv_blocks_of_rows<kTileN>(positions.first, positions.last).num_blocks();
+        work += blocks > 0 ? Scheduler::kCostPerBlock * blocks + Scheduler::kCostPerTile : Scheduler::kCostOfEmptyTile;
+      }
+      result.max_work = std::max(result.max_work, work);
+      total += work;
     }
-    result.max_work = std::max(result.max_work, work);
-    total += work;
-  }
-  for (int t = 0; t < params.num_tiles; ++t) {
-    EXPECT_EQ(tile_seen[t], 1) << "tile index " << t;
-    EXPECT_EQ(coord_seen[t], 1) << "(batch, head, m-block) #" << t;
-  }
-  result.mean_work = grid > 0 ? total / grid : 0;
-  return result;
+    for (int t = 0; t < params.num_tiles; ++t) {
+      EXPECT_EQ(tile_seen[t], 1) << "tile index " << t;
+      EXPECT_EQ(coord_seen[t], 1) << "(batch, head, m-block) #" << t;
+    }
+    for (size_t i = 0; i < row_seen.size(); ++i) EXPECT_EQ(row_seen[i], 1) << "(batch, query head, position) #" << i;
+    result.mean_work = grid > 0 ? total / grid : 0;
+    return result;
+  };
+  return group > 1 ? walk(FwdQueryTiling<kTileM, true>(group, shape.seqlen_q))
+                   : walk(FwdQueryTiling<kTileM, false>(1, shape.seqlen_q));
 }
 
 TEST(Sm90TileScheduler, EveryTileOnceForEveryShape) {
@@ -148,6 +169,26 @@ TEST(Sm90TileScheduler, UnplannedBeyondTheTables) {
                                    -1, 0),
                         132)
                    .planned);
+}
+
+// Packed GQA: every query head's every position once, with tiles of 8-position chunks head fastest; causal and
+// windowed groups are balanced like unpacked heads.
+TEST(Sm90TileScheduler, PackedGqaCoversEveryRowOnce) {
+  for (int sms : {132, 7, 1}) {
+    for (int sq : {1, 7, 8, 9, 77, 129, 1000}) {
+      for (int sk : {1, 300, 4096}) {
+        for (auto [left, right] : {std::pair{-1, -1}, {-1, 0}, {256, 0}}) {
+          for (int group : {2, 3, 4, 8, 16}) {
+            walk_all(make_shape(2, 2 * group, sq, sk, left, right), sms, group);
+            walk_all<192, 128>(make_shape(1, group, sq, sk, left, right), sms, group);
+          }
+        }
+      }
+    }
+  }
+  const Walk w = walk_all(make_shape(4, 32, 2048, 2048, -1, 0), 132, 4);
+  EXPECT_TRUE(w.planned);
+  EXPECT_LE(w.max_work, balanced_bound(w));
 }
 
 TEST(Sm90TileScheduler, UniformWorkIsNotPaired) {

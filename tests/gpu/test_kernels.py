@@ -120,6 +120,73 @@ def test_warpgroups_past_the_last_row(cfg):
     _assert_fixed_case_matches(cfg, IDLE_ROWS_CASES, 30_000)
 
 
+# Packed GQA (csrc/kernels/sm90/fwd_query_tiling.cuh): where Sq is short, the sm90 forward puts the query heads of a
+# KV head into shared tiles, in 8-position chunks, head fastest. Each case is one the rule packs (the test checks
+# explain() says so): decode, speculative and chunked lengths, group sizes 3, 4 and 8 (a chunk of the group's last
+# head straddles two tiles unless G divides 16), causal with Sq < Sk (a tile's rows see different keys: per-row
+# masks), windows, sinks (per row: several heads per tile), softcap, Sk = 0 (every row empty: store_empty per row),
+# and 192 tiles on 132 CTAs.
+PACKED_GQA_CASES = [
+    sweep.Config("bfloat16", 3, 1, 1000, 32, 8, 128, 128, False, (-1, -1), True, 0.0),
+    sweep.Config("float16", 2, 5, 700, 12, 4, 64, 64, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 2, 16, 2000, 16, 2, 128, 128, True, (100, 0), True, 0.0),
+    sweep.Config("bfloat16", 1, 77, 300, 8, 1, 256, 256, True, (-1, -1), False, 30.0),
+    sweep.Config("float16", 4, 33, 33, 8, 2, 192, 192, False, (20, 5), True, 0.0),
+    sweep.Config("bfloat16", 2, 9, 0, 8, 2, 96, 96, False, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 64, 3, 500, 18, 3, 128, 128, True, (-1, -1), False, 0.0),
+]
+
+
+@pytest.mark.parametrize("cfg", PACKED_GQA_CASES, ids=str)
+def test_packed_gqa(cfg):
+    q = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim), cfg.dtype)
+    k = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim), cfg.dtype)
+    text = flashjax.explain(q, k, k)
+    if "sm90 forward kernel" in text:
+        assert "GQA packed" in text, f"the case no longer reaches the packed path: {text}"
+    _assert_fixed_case_matches(cfg, PACKED_GQA_CASES, 50_000)
+
+
+def test_explain_says_where_gqa_is_packed():
+    def text(seqlen_q, heads_q, heads_k):
+        q = jax.ShapeDtypeStruct((2, seqlen_q, heads_q, 128), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((2, 4096, heads_k, 128), jnp.bfloat16)
+        return flashjax.explain(q, k, k)
+    if "sm90 forward kernel" not in text(1, 32, 8):
+        pytest.skip("the sm90 forward does not run here")
+    assert "the 4 query heads of a KV head share each forward tile" in text(1, 32, 8)
+    assert "GQA packed" in text(100, 16, 2)
+    for unpacked in (text(4096, 32, 8), text(1, 16, 16), text(128, 32, 8)):
+        assert "GQA packed" not in unpacked, unpacked
+
+
+# FLASHJAX_SM90_PACK_GQA forces every GQA call through one path ("1": packed, also where the tiles are long: 192-row
+# tiles at D 64, causal tails planned on the host, carried-over tiles, tiles of Sq > Sk that see no key; "0": the
+# unpacked path on the short cases above). The launcher reads it once per process, so each runs in a fresh one.
+FORCED_GQA_CASES = PACKED_GQA_CASES + [
+    sweep.Config("bfloat16", 1, 2500, 2500, 8, 2, 128, 128, True, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 1, 4500, 4500, 4, 1, 64, 64, True, (-1, -1), False, 0.0),
+    sweep.Config("float16", 2, 1000, 1300, 6, 2, 256, 256, False, (300, 0), False, 5.0),
+    sweep.Config("bfloat16", 3, 700, 200, 8, 4, 192, 192, True, (-1, -1), True, 0.0),
+]
+
+
+def _forced_gqa_cases():
+    for cfg in FORCED_GQA_CASES:
+        _assert_fixed_case_matches(cfg, FORCED_GQA_CASES, 60_000)
+    return "ok"
+
+
+@pytest.mark.parametrize("mode", ["1", "0"])
+def test_gqa_forced_through_each_path(mode):
+    env = dict(os.environ, FLASHJAX_SM90_PACK_GQA=mode, FLASHJAX_SWEEP_SEED=str(SEED))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
+    code = "import test_kernels; print(test_kernels._forced_gqa_cases())"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "ok"
+
+
 # Scores that grow along the keys (keys scaled from 0.5 to 12 along the sequence, so a row's max keeps rising by
 # tens in the log2 domain): the online softmax must rescale O whenever its reference max moves. The D 256 kernel
 # moves it only when the max grew past 2^8 (lazy rescale, csrc/kernels/sm90/fwd_softmax.cuh) and keeps it

@@ -58,7 +58,8 @@ struct Config {
 };
 
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
-// causal, windows that empty rows, sinks, softcap, and empty sequences on either side.
+// causal, windows that empty rows, sinks, softcap, and empty sequences on either side. The sm90 forward packs the
+// GQA configs with short Sq (fwd_pack_gqa.h: 130/77, 1/300, 77/300, the (16, 3) window, the last).
 const Config kConfigs[] = {
     {2, 77, 130, 4, 2, -1, -1, false, 0.f, false, "full attention, ragged Sq < Sk, GQA 4/2"},
     {1, 130, 77, 4, 2, -1, -1, false, 5.f, true, "full attention, Sq > Sk, softcap 5, dlse"},
@@ -72,6 +73,7 @@ const Config kConfigs[] = {
     {1, 300, 300, 4, 2, 64, 0, true, 30.f, true, "causal + left window 64, softcap 30, sinks, dlse"},
     {2, 0, 77, 4, 2, -1, 0, false, 0.f, false, "Sq = 0: no queries, dk = dv = 0"},
     {1, 77, 0, 4, 2, -1, -1, true, 0.f, true, "Sk = 0: every row empty, sinks, dlse"},
+    {2, 9, 300, 16, 2, -1, 0, true, 0.f, true, "GQA 16/2 packed (8 heads per sm90 tile), causal Sq 9 < Sk, sinks"},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

@@ -65,6 +65,32 @@ struct TileMask {
   }
 };
 
+// The per-element half of the band for the rows one thread holds, each row's visible keys given outright:
+// row r sees keys [col_lo[r], col_hi[r]). For kernels whose tile rows are not consecutive query positions (the sm90
+// forward's packed GQA tiles); 2 * kRows integers, taken once per tile.
+template <int kRows>
+struct RowsMask {
+  int col_lo[kRows];
+  int col_hi[kRows];
+
+  // As TileMask::apply, for the thread's kRows rows (size<0>(scores_rc) == kRows, in the same order).
+  template <typename ScoresRC, typename CoordsRC>
+  __device__ __forceinline__ void apply(ScoresRC& scores_rc, const CoordsRC& coords_rc, int n_start) const {
+    using namespace cute;
+    static_assert(decltype(size<0>(scores_rc))::value == kRows);
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      const int begin = col_lo[mi] - n_start;
+      const int end = col_hi[mi] - n_start;
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(scores_rc); ++ni) {
+        const int col = get<1>(coords_rc(0, ni));
+        if (col < begin || col >= end) scores_rc(mi, ni) = -INFINITY;
+      }
+    }
+  }
+};
+
 struct BandMask {
   int seqlen_q;
   int seqlen_k;
@@ -93,14 +119,21 @@ struct BandMask {
   // their scores finite, their outputs never stored. An empty range means every row of the tile is empty.
   template <int kBlockM, int kBlockN>
   __host__ __device__ KvBlockRange kv_blocks(int m_start) const {
-    const int last_row = min(m_start + kBlockM, seqlen_q) - 1;
-    const int first_key = col_begin(m_start);
+    return kv_blocks_of_rows<kBlockN>(m_start, min(m_start + kBlockM, seqlen_q) - 1);
+  }
+
+  // Blocks for a tile whose rows are query positions in [first_row, last_row] (last_row < Sq), not necessarily
+  // consecutive ones: a tile of packed GQA holds several heads' rows of the same positions. The classification
+  // holds for any set of rows between the two because both ends of a row's key range grow with its position.
+  template <int kBlockN>
+  __host__ __device__ KvBlockRange kv_blocks_of_rows(int first_row, int last_row) const {
+    const int first_key = col_begin(first_row);
     const int end_key = col_end(last_row);
     KvBlockRange range;
     range.n_block_min = first_key / kBlockN;
     range.n_block_max = end_key <= first_key ? range.n_block_min : ceil_div(end_key, kBlockN);
     // Block n is unmasked iff its last key is visible to the first row (and < Sk) and its first key to the last row.
-    const int unmasked_key_end = col_end(m_start);
+    const int unmasked_key_end = col_end(first_row);
     const int unmasked_key_begin = left < 0 ? 0 : last_row + offset - left;
     const int unmasked_end = unmasked_key_end <= 0 ? 0 : unmasked_key_end / kBlockN;
     const int unmasked_begin = unmasked_key_begin <= 0 ? 0 : ceil_div(unmasked_key_begin, kBlockN);
@@ -112,6 +145,17 @@ struct BandMask {
   __host__ __device__ TileMask tile_mask(int m_start) const {
     return {left < 0 ? -TileMask::kUnbounded : m_start + offset - left,
             right < 0 ? TileMask::kUnbounded : m_start + offset + right + 1, seqlen_k};
+  }
+
+  // The mask of kRows rows of one thread, given their query positions.
+  template <int kRows>
+  __host__ __device__ RowsMask<kRows> rows_mask(const int (&rows)[kRows]) const {
+    RowsMask<kRows> mask;
+    for (int r = 0; r < kRows; ++r) {
+      mask.col_lo[r] = left < 0 ? -TileMask::kUnbounded : rows[r] + offset - left;
+      mask.col_hi[r] = right < 0 ? seqlen_k : min(seqlen_k, rows[r] + offset + right + 1);
+    }
+    return mask;
   }
 };
 

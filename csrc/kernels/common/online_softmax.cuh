@@ -90,23 +90,24 @@ struct OnlineSoftmax {
 
   // The LSE finalize() gives a row that saw no visible key (row_max = -inf, row_sum = 0): the sink's logit, or -inf
   // without one. For tiles whose rows are all empty, which never run the mainloop.
-  __device__ __forceinline__ static void lse_of_empty_rows(float sink_log2, float (&lse)[kRows]) {
+  __device__ __forceinline__ static void lse_of_empty_rows(const float (&sink_log2)[kRows], float (&lse)[kRows]) {
     CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) lse[r] = sink_log2 == -INFINITY ? -INFINITY : sink_log2 * kLn2;
+    for (int r = 0; r < kRows; ++r) lse[r] = sink_log2[r] == -INFINITY ? -INFINITY : sink_log2[r] * kLn2;
   }
 
   // Normalizes acc_o and returns each row's LSE in natural-log units through lse[r].
   // sink_log2 is the row's sink logit times log2(e), or -inf without sinks. The sink joins the denominator with no
   // value; it is folded in at a common maximum m = max(row max, sink) so a sink far above the scores cannot
   // overflow exp2. Empty rows: without a sink m = -inf, out = 0, lse = -inf; with one, out = 0, lse = sink.
+  // The rows may have sinks of their own (rows of several heads in one tile), or share one (the overload below).
   template <typename AccORC>
-  __device__ __forceinline__ void finalize(AccORC& acc_o, float sink_log2, float (&lse)[kRows]) const {
+  __device__ __forceinline__ void finalize(AccORC& acc_o, const float (&sink_log2)[kRows], float (&lse)[kRows]) const {
     using namespace cute;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce(row_sum[r], SumOp{});
       const float scores_max = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * exp2_scale;
-      const float common_max = fmaxf(scores_max, sink_log2);
+      const float common_max = fmaxf(scores_max, sink_log2[r]);
       float out_scale = 0.f;
       lse[r] = -INFINITY;
       if (common_max != -INFINITY) {
@@ -115,13 +116,20 @@ struct OnlineSoftmax {
         // bench/NOTES.md v6): both exponents are <= 0, and the denominator is >= 1 (its largest term is exp2(0)),
         // far from the ranges where ex2/lg2.approx or the fast division lose accuracy.
         const float scores_weight = exp2_ftz(scores_max - common_max);
-        const float denominator = sum * scores_weight + exp2_ftz(sink_log2 - common_max);
+        const float denominator = sum * scores_weight + exp2_ftz(sink_log2[r] - common_max);
         out_scale = __fdividef(scores_weight, denominator);
         lse[r] = (common_max + log2_approx(denominator)) * kLn2;
       }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o); ++c) acc_o(r, c) *= out_scale;
     }
+  }
+  template <typename AccORC>
+  __device__ __forceinline__ void finalize(AccORC& acc_o, float sink_log2, float (&lse)[kRows]) const {
+    float sinks[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sinks[r] = sink_log2;
+    finalize(acc_o, sinks, lse);
   }
 };
 

@@ -5,7 +5,9 @@
 //
 // Ragged tiles need no separate path: the O descriptor spans (Sq, D, Hq, B), and TMA stores only the elements of a
 // box that lie inside those bounds, so rows past Sq are dropped without touching the next head's rows. (A packed
-// varlen layout, where rows past one sequence belong to the next, will need predicated stores instead.)
+// varlen layout, where rows past one sequence belong to the next, will need predicated stores instead.) A tile of
+// packed GQA (fwd_query_tiling.cuh) stores one box per 8-row chunk, each at its own position and query head; its
+// LSE, like every tile's, goes out per row.
 //
 // Shared-memory hand-offs, in order:
 //   own buffer: the previous tile's TMA store has finished reading it (the wait at the top of store());
@@ -38,6 +40,12 @@ struct FwdEpilogueSm90 {
                                                  typename Mainloop::ShapeSDHB{}, typename Mainloop::StrideSDHB{}));
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutO{},
                                             cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+  using QueryTiling = typename Mainloop::QueryTiling;
+  using Row = typename QueryTiling::Row;
+  static constexpr int kChunkRows = Mainloop::kChunkRows;
+  using TmaOChunk = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensorO{},
+                                                 typename Mainloop::SmemLayoutQChunk{},
+                                                 cute::Shape<cute::Int<kChunkRows>, HeadDim>{}, cute::_1{}));
   // stmatrix writes 16-byte rows of 8x8 tiles, matching the accumulator's quad layout without bank conflicts.
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
@@ -51,6 +59,7 @@ struct FwdEpilogueSm90 {
 
   struct Params {
     TmaO tma_o;
+    TmaOChunk tma_o_chunk;  // Mainloop::kPackGqa only
     typename Mainloop::ShapeSDHB shape_o;
     typename Mainloop::StrideSDHB stride_o;  // and the raw pointer: store_empty writes without TMA
     Element* o;
@@ -61,24 +70,33 @@ struct FwdEpilogueSm90 {
   static Params to_params(const Arguments& args) {
     using namespace cute;
     Tensor m_o = make_tensor(make_gmem_ptr(args.o), args.shape_o, args.stride_o);
-    return {make_tma_copy(SM90_TMA_STORE{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
-            args.shape_o,
-            args.stride_o,
-            args.o,
-            args.lse,
-            args.lse_batch_stride,
-            args.lse_head_stride};
+    Params params{make_tma_copy(SM90_TMA_STORE{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
+                  TmaOChunk{},
+                  args.shape_o,
+                  args.stride_o,
+                  args.o,
+                  args.lse,
+                  args.lse_batch_stride,
+                  args.lse_head_stride};
+    if constexpr (Mainloop::kPackGqa) {
+      params.tma_o_chunk = make_tma_copy(SM90_TMA_STORE{}, m_o, typename Mainloop::SmemLayoutQChunk{},
+                                         Shape<Int<kChunkRows>, HeadDim>{}, _1{});
+    }
+    return params;
   }
 
   __device__ static void prefetch_tma_descriptors(const Params& params) {
-    cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(Mainloop::kPackGqa ? params.tma_o_chunk.get_tma_descriptor()
+                                                     : params.tma_o.get_tma_descriptor());
   }
 
   // acc_o: this thread's normalized 64 x D accumulator; lse: its rows' LSE in the accumulator's row order;
-  // smem_o: the staging buffer's base (two 64-row halves of SmemLayoutO), kOwnBuffer: whether it is not the Q buffer.
+  // smem_o: the staging buffer's base (64-row halves of SmemLayoutO), kOwnBuffer: whether it is not the Q buffer;
+  // (m_block, head, batch): the scheduler's tile.
   template <bool kOwnBuffer, typename AccO, int kRows>
   __device__ static void store(const Params& params, Element* smem_o, const AccO& acc_o, const float (&lse)[kRows],
-                               int warpgroup, int thread_in_wg, int m_block, int head_q, int batch) {
+                               const QueryTiling& tiling, int warpgroup, int thread_in_wg, int m_block, int head,
+                               int batch) {
     using namespace cute;
     typename Mainloop::TiledMmaPV mma_pv;
     Tensor s_o = make_tensor(make_smem_ptr(smem_o + warpgroup * Mainloop::kQHalfElems), SmemLayoutO{});
@@ -96,15 +114,19 @@ struct FwdEpilogueSm90 {
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(128, FwdNamedBarrier::epilogue(warpgroup));
 
-    const int half_tile = m_block * kConsumerWarpgroups + warpgroup;
     if (thread_in_wg == 0) {
-      Tensor m_o = params.tma_o.get_tma_tensor(params.shape_o)(_, _, head_q, batch);
-      Tensor g_o = local_tile(m_o, Shape<WgRows, HeadDim>{}, make_coord(half_tile, _0{}));
-      auto tma_o = params.tma_o.get_slice(_0{});
-      copy(params.tma_o, tma_o.partition_S(s_o), tma_o.partition_D(g_o));
+      if constexpr (!Mainloop::kPackGqa) {
+        Tensor m_o = params.tma_o.get_tma_tensor(params.shape_o)(_, _, head, batch);
+        Tensor g_o = local_tile(m_o, Shape<WgRows, HeadDim>{},
+                                make_coord(m_block * kConsumerWarpgroups + warpgroup, _0{}));
+        auto tma_o = params.tma_o.get_slice(_0{});
+        copy(params.tma_o, tma_o.partition_S(s_o), tma_o.partition_D(g_o));
+      } else {
+        store_chunks(params, smem_o + warpgroup * Mainloop::kQHalfElems, tiling, warpgroup, m_block, head, batch);
+      }
       tma_store_arrive();
     }
-    store_lse(params, lse, thread_in_wg, half_tile, head_q, batch);
+    store_lse(params, lse, tiling, warpgroup, thread_in_wg, m_block, head, batch);
 
     if constexpr (!kOwnBuffer) {
       if (thread_in_wg == 0) tma_store_wait<0>();
@@ -115,24 +137,32 @@ struct FwdEpilogueSm90 {
   // A tile none of whose rows sees a key: O = 0 written with plain 16-byte stores (rows past Sq skipped), the LSE
   // as finalize() computed it (-inf, or the sink).
   template <int kRows>
-  __device__ static void store_empty(const Params& params, const float (&lse)[kRows], int warpgroup,
-                                     int thread_in_wg, int m_block, int head_q, int batch) {
+  __device__ static void store_empty(const Params& params, const float (&lse)[kRows], const QueryTiling& tiling,
+                                     int warpgroup, int thread_in_wg, int m_block, int head, int batch) {
     using namespace cute;
     constexpr int kVecElems = 16 / sizeof(Element);
     constexpr int kVecsPerRow = Mainloop::kHeadDim / kVecElems;
     static_assert(Mainloop::kHeadDim % kVecElems == 0);
-    const int half_tile = m_block * kConsumerWarpgroups + warpgroup;
-    const int row_start = half_tile * kRowsPerWarpgroup;
     const int seqlen_q = get<0>(params.shape_o);
-    Element* o_head = params.o + batch * get<3>(params.stride_o) + head_q * get<2>(params.stride_o);
+    Element* o_batch = params.o + batch * get<3>(params.stride_o);
     for (int i = thread_in_wg; i < kRowsPerWarpgroup * kVecsPerRow; i += 128) {
-      const int row = row_start + i / kVecsPerRow;
-      if (row < seqlen_q) {
-        *reinterpret_cast<uint4*>(o_head + row * get<0>(params.stride_o) + (i % kVecsPerRow) * kVecElems) =
-            make_uint4(0, 0, 0, 0);
+      const int tile_row = warpgroup * kRowsPerWarpgroup + i / kVecsPerRow;
+      if constexpr (Mainloop::kPackGqa) {
+        const Row row = tiling.row(m_block, head, tile_row);
+        if (row.position < seqlen_q) {
+          Element* o_row = o_batch + row.head_q * get<2>(params.stride_o) + row.position * get<0>(params.stride_o);
+          *reinterpret_cast<uint4*>(o_row + (i % kVecsPerRow) * kVecElems) = make_uint4(0, 0, 0, 0);
+        }
+      } else {  // one head's consecutive rows: its offset out of the loop (see store_lse)
+        const int row = m_block * Mainloop::kBlockM + tile_row;
+        Element* o_head = o_batch + head * get<2>(params.stride_o);
+        if (row < seqlen_q) {
+          *reinterpret_cast<uint4*>(o_head + row * get<0>(params.stride_o) + (i % kVecsPerRow) * kVecElems) =
+              make_uint4(0, 0, 0, 0);
+        }
       }
     }
-    store_lse(params, lse, thread_in_wg, half_tile, head_q, batch);
+    store_lse(params, lse, tiling, warpgroup, thread_in_wg, m_block, head, batch);
   }
 
   // Call once before the CTA exits: a TMA store still reading shared memory must finish first.
@@ -141,19 +171,53 @@ struct FwdEpilogueSm90 {
   }
 
  private:
+  // The warpgroup's 8 chunks of a packed tile, from its half of the staging buffer (s_o): one TMA store each, at
+  // the chunk's position and query head. Chunks past the last position (the group's last tile) are skipped.
+  __device__ static void store_chunks(const Params& params, Element* s_o, const QueryTiling& tiling, int warpgroup,
+                                      int m_block, int head, int batch) {
+    using namespace cute;
+    constexpr int kChunksPerHalf = Mainloop::kChunksPerHalf;
+    auto tma_o = params.tma_o_chunk.get_slice(_0{});
+    Tensor m_o = params.tma_o_chunk.get_tma_tensor(params.shape_o);  // (Sq, D, Hq, B)
+    const int first_chunk = m_block * QueryTiling::kChunksPerTile + warpgroup * kChunksPerHalf;
+    CUTE_NO_UNROLL
+    for (int j = 0; j < kChunksPerHalf; ++j) {
+      const Row chunk = tiling.chunk(first_chunk + j, head);
+      if (chunk.position >= get<0>(params.shape_o)) break;  // chunks only grow in position
+      Tensor g_chunk = local_tile(m_o(_, _, chunk.head_q, batch), Shape<Int<kChunkRows>, HeadDim>{},
+                                  make_coord(chunk.position / kChunkRows, _0{}));
+      Tensor s_chunk =
+          make_tensor(make_smem_ptr(s_o + j * Mainloop::kQChunkElems), typename Mainloop::SmemLayoutQChunk{});
+      copy(params.tma_o_chunk, tma_o.partition_S(s_chunk), tma_o.partition_D(g_chunk));
+    }
+  }
+
+  // Each row's LSE, by the lane of its quad that holds column 0. Unpacked, the rows are one head's consecutive
+  // positions, and the code is the one from before packing existed: the head's offset is taken once, in uniform
+  // registers. (Per-row addresses cost the unpacked D 128 kernel ~2% where they were shared with the packed path:
+  // the per-tile path runs between two tiles' GEMMs, and the kernel is sensitive to its code layout, bench/NOTES.md
+  // v10 and v16.)
   template <int kRows>
-  __device__ static void store_lse(const Params& params, const float (&lse)[kRows], int thread_in_wg,
-                                   int half_tile, int head_q, int batch) {
+  __device__ static void store_lse(const Params& params, const float (&lse)[kRows], const QueryTiling& tiling,
+                                   int warpgroup, int thread_in_wg, int m_block, int head, int batch) {
     using namespace cute;
     if (params.lse == nullptr) return;
     typename Mainloop::TiledMmaPV mma_pv;
     const int seqlen_q = get<0>(params.shape_o);
-    const int row_start = half_tile * kRowsPerWarpgroup;
-    float* lse_rows = params.lse + batch * params.lse_batch_stride + head_q * params.lse_head_stride;
     auto thr_mma = mma_pv.get_thread_slice(thread_in_wg);
     Tensor tOcO_rc =
         common::wgmma_acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<WgRows, HeadDim>{})));
-    if (get<1>(tOcO_rc(0, 0)) == 0) {
+    if (get<1>(tOcO_rc(0, 0)) != 0) return;
+    if constexpr (Mainloop::kPackGqa) {
+      float* lse_batch = params.lse + batch * params.lse_batch_stride;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const Row row = tiling.row(m_block, head, warpgroup * kRowsPerWarpgroup + get<0>(tOcO_rc(r, 0)));
+        if (row.position < seqlen_q) lse_batch[row.head_q * params.lse_head_stride + row.position] = lse[r];
+      }
+    } else {
+      const int row_start = (m_block * kConsumerWarpgroups + warpgroup) * kRowsPerWarpgroup;
+      float* lse_rows = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = row_start + get<0>(tOcO_rc(r, 0));

@@ -1,6 +1,7 @@
 // The sm90 forward kernel: wires tile scheduler, mainloop, softmax finalization and epilogue with warp
 // specialization. One instantiation per (Element, head dim) covers every feature: softcap, causal/local band,
-// GQA, sinks and ragged sizes are runtime decisions, per CTA tile or per KV block.
+// GQA (packed into shared tiles or not: fwd_query_tiling.cuh), sinks and ragged sizes are runtime decisions, per
+// call, per CTA tile or per KV block.
 //
 // CTA = 3 or 4 warpgroups, one CTA per SM, persistent over tiles:
 //   warpgroup 0, producer: gives registers back (setmaxnreg.dec); warp 0 issues the TMA loads of Q and K, warp 1
@@ -54,9 +55,10 @@ struct FwdBufferPlan {
   bool own_o;    // O staged in a buffer of its own; else in the tile's Q buffer, freed only after the O store
 };
 
-// kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its answers); kSoftcap: compiled for
+// kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its answers); kPackGqa: tiles hold the
+// query heads of a KV head (fwd_query_tiling.cuh; the launcher picks by fwd_pack_gqa.h); kSoftcap: compiled for
 // soft-capped calls (the launcher picks by the call's softcap).
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap>
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap, bool kPackGqa>
 struct FwdKernelSm90 {
   // The first plan whose shared memory fits is taken. A third K stage comes first: K is waited on right after the
   // ping-pong turn is granted, so a late K idles the tensor cores (ncu on D = 128 S = 4k: 6% of all warp samples
@@ -66,7 +68,7 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages, kSoftcap>;
+                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =
@@ -113,6 +115,7 @@ struct FwdKernelSm90 {
     float softmax_scale, softcap;
     int heads_per_kv;    // Hq / Hk: query head h reads K/V head h / heads_per_kv
     const float* sinks;  // [Hq] or nullptr
+    typename Mainloop::QueryTiling tiling;  // the rows of a tile: packed GQA or not
   };
 };
 
@@ -186,7 +189,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto next_tile_with_work = [&](int tile_index, auto&& skipped) {
     for (; tile_index < params.scheduler.num_tiles; tile_index = next_position(tile_index)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
-      const auto blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+      common::KvBlockRange blocks;
+      if constexpr (Mainloop::kPackGqa) {
+        const auto positions = params.tiling.positions(tile.m_block);
+        blocks = band.template kv_blocks_of_rows<kBlockN>(positions.first, positions.last);
+      } else {
+        blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+      }
       if (!blocks.empty()) return ScheduledTile{tile_index, tile, blocks};
       skipped(tile);
     }
@@ -212,11 +221,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
          scheduled.index < params.scheduler.num_tiles;
          scheduled = next_tile_with_work(next_position(scheduled.index), load_nothing)) {
       const auto& tile = scheduled.tile;
-      const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, tile.head_q / params.heads_per_kv,
-                                             tile.batch};
+      // A packed tile's head is its KV head already (group = heads_per_kv).
+      const typename Mainloop::LoadCoords at{tile.m_block, tile.head,
+                                             tile.head * params.tiling.group / params.heads_per_kv, tile.batch};
       if (producer_warp == 0) {
         Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, write_k, leader,
-                           typename Mainloop::QuerySlot(tiles_with_work++), at, scheduled.blocks);
+                           typename Mainloop::QuerySlot(tiles_with_work++), params.tiling, at, scheduled.blocks);
       } else {
         Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
       }
@@ -237,23 +247,53 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   // Warpgroup 0 takes the first turn on the tensor cores.
   if (consumer_wg == 0) cutlass::arch::NamedBarrier::arrive(2 * 128, FwdNamedBarrier::ping_pong(0));
 
-  auto sink_log2_of = [&](int head_q) {
-    return params.sinks != nullptr ? params.sinks[head_q] * common::kLog2e : -INFINITY;
+  // The (position, query head) of this thread's two rows of a packed tile. (Recomputed per tile from the thread
+  // index: a few instructions, where keeping the rows would hold registers across the mainloop.)
+  using Row = typename Mainloop::QueryTiling::Row;
+  auto rows_of = [&](const typename Scheduler::Tile& tile, Row (&rows)[2]) {
+    int tile_rows[2];
+    Mainloop::thread_rows(thread_in_wg, tile_rows);
+    for (int r = 0; r < 2; ++r) {
+      rows[r] = params.tiling.row(tile.m_block, tile.head, consumer_wg * Mainloop::kRowsPerWarpgroup + tile_rows[r]);
+    }
+  };
+  // Each row's sink logit in log2 units (-inf without sinks): the tile's head's, or each row's own where GQA is
+  // packed.
+  auto sink_log2_of = [&](const typename Scheduler::Tile& tile, float (&sink_log2)[2]) {
+    auto sink_of = [&](int head_q) {
+      return params.sinks != nullptr ? params.sinks[head_q] * common::kLog2e : -INFINITY;
+    };
+    if constexpr (Mainloop::kPackGqa) {
+      Row rows[2];
+      rows_of(tile, rows);
+      for (int r = 0; r < 2; ++r) sink_log2[r] = sink_of(rows[r].head_q);
+    } else {
+      sink_log2[0] = sink_log2[1] = sink_of(tile.head);
+    }
   };
   // Tiles whose rows see no key are written out on the way to the next tile with work (out = 0, lse = -inf or
   // the sink): they use neither shared memory nor the tensor cores, so they may go while the previous tile's
   // GEMMs are still in flight.
   auto write_empty_tile = [&](const typename Scheduler::Tile& tile) {
-    float lse[2];
-    FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2_of(tile.head_q), lse);
-    Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
+    float sink_log2[2], lse[2];
+    sink_log2_of(tile, sink_log2);
+    FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2, lse);
+    Epilogue::store_empty(params.epilogue, lse, params.tiling, consumer_wg, thread_in_wg, tile.m_block, tile.head,
+                          tile.batch);
   };
   int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
-  // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks and the warpgroup's band mask.
+  // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks and the band mask of this thread's rows.
   auto consumer_tile = [&](const ScheduledTile& scheduled, int n) {
-    const int m_start = scheduled.tile.m_block * kBlockM;
-    return typename Mainloop::ConsumerTile{typename Mainloop::QuerySlot(n), scheduled.blocks,
-                                           band.tile_mask(m_start + consumer_wg * Mainloop::kRowsPerWarpgroup)};
+    const typename Mainloop::QuerySlot q_slot(n);
+    if constexpr (Mainloop::kPackGqa) {
+      Row rows[2];
+      rows_of(scheduled.tile, rows);
+      const int positions[2] = {rows[0].position, rows[1].position};
+      return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.rows_mask(positions)};
+    } else {
+      const int m_start = scheduled.tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup;
+      return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.tile_mask(m_start)};
+    }
   };
 
   typename Mainloop::ConsumerState state;
@@ -263,12 +303,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   // This tile's epilogue: normalize O, stage it in shared memory, TMA store, LSE.
   auto store_tile = [&](const typename Scheduler::Tile& tile, const typename Mainloop::ConsumerTile& work) {
-    float lse[2];
+    float sink_log2[2], lse[2];
+    sink_log2_of(tile, sink_log2);
     Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
-    softmax.finalize(acc_o_rc, sink_log2_of(tile.head_q), lse);
+    softmax.finalize(acc_o_rc, sink_log2, lse);
     Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
-                                                  acc_o, lse, consumer_wg, thread_in_wg, tile.m_block, tile.head_q,
-                                                  tile.batch);
+                                                  acc_o, lse, params.tiling, consumer_wg, thread_in_wg, tile.m_block,
+                                                  tile.head, tile.batch);
     // O was staged in the Q buffer: free only now that the TMA store has read it.
     if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
   };

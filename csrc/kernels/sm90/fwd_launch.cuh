@@ -1,9 +1,9 @@
 // Host launcher of the sm90 forward kernel: defines flashjax::sm90::run_fwd (declared in launch.h).
 // Included by the generated instantiation files, one per (Element, head dim).
 //
-// Per call it builds the TMA descriptors (host-side encoding, no device work), sizes the persistent grid from the
-// device's SM count and launches. Nothing here synchronizes, allocates or reads device memory, so the call can be
-// captured into a CUDA graph.
+// Per call it decides whether GQA is packed (fwd_pack_gqa.h), builds the TMA descriptors (host-side encoding, no
+// device work), sizes the persistent grid from the device's SM count and launches. Nothing here synchronizes,
+// allocates or reads device memory, so the call can be captured into a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,6 +16,7 @@
 
 #include "flashjax/params.h"
 #include "kernels/sm90/fwd_kernel.cuh"
+#include "kernels/sm90/fwd_pack_gqa.h"
 #include "kernels/sm90/launch.h"
 
 namespace flashjax::sm90 {
@@ -71,32 +72,33 @@ inline bool programmatic_launch() {
 // The scheduler's parameters for a call shape. Where work is uneven, to_params plans the last tiles on the host
 // (fwd_tile_scheduler.cuh: tens of microseconds), the same plan for every call of one shape, so each kernel
 // configuration remembers the plans of its last kCachedShapes shapes (a training step calls few shapes).
-template <typename Scheduler>
-typename Scheduler::Params scheduler_params(const AttnShape& shape, int num_sms) {
+template <typename Scheduler, typename QueryTiling>
+typename Scheduler::Params scheduler_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms) {
   struct Key {
-    int seqlen_q, seqlen_k, window_left, window_right, heads_q, batch, num_sms;
+    int seqlen_q, seqlen_k, window_left, window_right, heads_q, batch, num_sms, group;
     bool operator==(const Key& o) const {
       return seqlen_q == o.seqlen_q && seqlen_k == o.seqlen_k && window_left == o.window_left &&
-             window_right == o.window_right && heads_q == o.heads_q && batch == o.batch && num_sms == o.num_sms;
+             window_right == o.window_right && heads_q == o.heads_q && batch == o.batch && num_sms == o.num_sms &&
+             group == o.group;
     }
   };
   constexpr size_t kCachedShapes = 16;
   static std::mutex mutex;
   static std::vector<std::pair<Key, typename Scheduler::Params>> cache;  // oldest first
   const Key key{shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right,
-                shape.heads_q,  shape.batch,    num_sms};
+                shape.heads_q,  shape.batch,    num_sms,           tiling.group};
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& [cached_key, cached] : cache) {
     if (cached_key == key) return cached;
   }
   if (cache.size() == kCachedShapes) cache.erase(cache.begin());
-  cache.push_back({key, Scheduler::to_params(shape, num_sms)});
+  cache.push_back({key, Scheduler::to_params(shape, tiling, num_sms)});
   return cache.back().second;
 }
 
-// One kernel: TMA descriptors, persistent grid, launch.
+// One kernel: TMA descriptors, persistent grid, launch. group: query heads per tile (1 unless Kernel packs GQA).
 template <typename Kernel>
-cudaError_t launch_kernel(const FwdParams& params, cudaStream_t stream) {
+cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t stream) {
   using Mainloop = typename Kernel::Mainloop;
   using Element = typename Mainloop::Element;
   constexpr int kHeadDim = Mainloop::kHeadDim;
@@ -108,7 +110,8 @@ cudaError_t launch_kernel(const FwdParams& params, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   if (const int cap = max_ctas_for_tests(); cap > 0 && cap < num_sms) num_sms = cap;
-  const typename Scheduler::Params scheduler = scheduler_params<Scheduler>(params, num_sms);
+  const typename Mainloop::QueryTiling tiling(group, params.seqlen_q);
+  const typename Scheduler::Params scheduler = scheduler_params<Scheduler>(params, tiling, num_sms);
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
@@ -147,7 +150,8 @@ cudaError_t launch_kernel(const FwdParams& params, cudaStream_t stream) {
                                               params.softmax_scale,
                                               params.softcap,
                                               params.heads_q / params.heads_k,
-                                              params.sinks};
+                                              params.sinks,
+                                              tiling};
 
   // The scheduler's tail plan rides in the parameters: stay within the classic 4 KB of kernel parameter space.
   static_assert(sizeof(typename Kernel::Params) <= 4096, "kernel parameters over 4 KB");
@@ -174,23 +178,37 @@ cudaError_t launch_kernel(const FwdParams& params, cudaStream_t stream) {
 }
 
 // One tile configuration: the kernel compiled for the call's softcap (none, or any c > 0).
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
-cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  return params.softcap > 0.f
-             ? launch_kernel<FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true>>(params, stream)
-             : launch_kernel<FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false>>(params, stream);
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kPackGqa>
+cudaError_t launch_fwd(const FwdParams& params, int group, cudaStream_t stream) {
+  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa>;
+  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa>;
+  return params.softcap > 0.f ? launch_kernel<Capped>(params, group, stream)
+                              : launch_kernel<Uncapped>(params, group, stream);
 }
 
 // The uncapped kernel of one FwdKeyLoad class (classes with equal tile sizes share it; the capped twin has the same
-// tiles and shared memory).
-template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
+// tiles and shared memory), packing GQA or not.
+template <typename Element, int kHeadDim, FwdKeyLoad kLoad, bool kPackGqa = false>
 using FwdKernelFor = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, kLoad).block_m,
-                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false>;
+                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa>;
 
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
 cudaError_t launch_fwd_for(const FwdParams& params, cudaStream_t stream) {
   using Kernel = FwdKernelFor<Element, kHeadDim, kLoad>;
-  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN>(params, stream);
+  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN, false>(params, 1,
+                                                                                                     stream);
+}
+
+// Packed GQA takes kFew's tiles whatever the key load (the calls the rule packs have short query sequences, which
+// key_load classes kFew), so that it adds two kernels (with and without softcap) per instantiation, not six.
+template <typename Element, int kHeadDim>
+using FwdPackedKernel = FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew, true>;
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_packed(const FwdParams& params, int group, cudaStream_t stream) {
+  using Kernel = FwdPackedKernel<Element, kHeadDim>;
+  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN, true>(params, group,
+                                                                                                    stream);
 }
 
 }  // namespace detail
@@ -200,6 +218,9 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
+  }
+  if (const int group = fwd_pack_group(params.seqlen_q, params.heads_q, params.heads_k, pack_gqa_mode()); group > 1) {
+    return detail::launch_packed<Element, kHeadDim>(params, group, stream);
   }
   switch (detail::key_load(params)) {
     case FwdKeyLoad::kFewShortBand:
@@ -218,7 +239,8 @@ int fwd_smem_bytes() {
   constexpr int kShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFewShortBand>::kSmemBytes;
   constexpr int kFew = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew>::kSmemBytes;
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
-  return std::max({kShort, kFew, kMany});
+  constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
+  return std::max({kShort, kFew, kMany, kPacked});
 }
 
 }  // namespace flashjax::sm90

@@ -8,7 +8,8 @@
 //        cutlass::PipelineTmaAsync and released by every consumer thread once the wgmma reading it has been waited on.
 // KV blocks are visited in common::KvBlockRange::block_at order, the blocks that need the per-element mask first.
 // Rows past Sq and keys past Sk are zero-filled by TMA: their scores are finite, the rows are never stored and the
-// band mask (which bounds columns by Sk) hides the keys.
+// band mask (which bounds columns by Sk) hides the keys. A tile of packed GQA (fwd_query_tiling.cuh) loads its Q in
+// 8-row chunks, one TMA box each, into the same shared-memory image; nothing else here tells the two apart.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,16 +17,19 @@
 #include <cutlass/gemm/collective/builders/sm90_common.inl>
 #include <cutlass/pipeline/pipeline.hpp>
 
+#include <type_traits>
+
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/sm90_wgmma.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
+#include "kernels/sm90/fwd_query_tiling.cuh"
 #include "kernels/sm90/fwd_softmax.cuh"
 
 namespace flashjax::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
-          int kQStages_, bool kSoftcap_>
+          int kQStages_, bool kSoftcap_, bool kPackGqa_>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -73,6 +77,20 @@ struct FwdMainloopSm90 {
   static constexpr int kQHalfElems = cute::cosize_v<SmemLayoutQHalf>;  // one warpgroup's 64 rows
   static constexpr int kQElems = kConsumerWarpgroups * kQHalfElems;      // one Q buffer
 
+  static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
+  using QueryTiling = FwdQueryTiling<kBlockM, kPackGqa>;
+  // Packed GQA's 8-row chunks: rows [8j, 8j + 8) of a 64-row half are its j-th swizzle atom (tile_to_shape stacks
+  // the atoms along M first), so chunk j lies kQChunkElems * j elements in, with the atom's own layout and swizzle
+  // (the offset is a whole number of swizzle periods), and within the chunk a row is as far from the next as in
+  // the half. The chunk's layout is the half's, restricted to its first 8 rows.
+  static constexpr int kChunkRows = QueryTiling::kChunkRows;
+  static_assert(cute::size<0>(SmemLayoutAtomQ{}) == kChunkRows, "a chunk is one swizzle atom of rows");
+  static constexpr int kQChunkElems = cute::cosize_v<SmemLayoutAtomQ>;
+  static constexpr int kChunksPerHalf = kRowsPerWarpgroup / kChunkRows;
+  using SmemLayoutQChunk = decltype(cute::composition(
+      SmemLayoutQHalf{}, cute::make_layout(cute::Shape<cute::Int<kChunkRows>, HeadDim>{},
+                                           cute::Stride<cute::_1, WgRows>{})));
+
   // A Q buffer can double as the epilogue's O staging buffer (same shape and swizzle): see fwd_epilogue.cuh.
   struct TensorStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
@@ -105,6 +123,8 @@ struct FwdMainloopSm90 {
                                                   ShapeSDHB{}, StrideDSHB{}));
   using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, SmemLayoutQHalf{},
                                             cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+  using TmaQChunk = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, SmemLayoutQChunk{},
+                                                 cute::Shape<cute::Int<kChunkRows>, HeadDim>{}, cute::_1{}));
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{},
                                             cute::take<0, 2>(SmemLayoutK{}), cute::Shape<BlockN, HeadDim>{},
                                             cute::_1{}));
@@ -126,6 +146,7 @@ struct FwdMainloopSm90 {
 
   struct Params {
     TmaQ tma_q;
+    TmaQChunk tma_q_chunk;  // kPackGqa only (left default otherwise: encoding a descriptor costs host time)
     TmaK tma_k;
     TmaVt tma_vt;
     ShapeSDHB shape_q;
@@ -138,14 +159,21 @@ struct FwdMainloopSm90 {
     Tensor m_k = make_tensor(make_gmem_ptr(args.k), args.shape_k, args.stride_k);
     Tensor m_vt = make_tensor(make_gmem_ptr(args.v), select<1, 0, 2, 3>(args.shape_k),
                               select<1, 0, 2, 3>(args.stride_v));
-    return {make_tma_copy(SM90_TMA_LOAD{}, m_q, SmemLayoutQHalf{}, Shape<WgRows, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, m_k, take<0, 2>(SmemLayoutK{}), Shape<BlockN, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_LOAD{}, m_vt, take<0, 2>(SmemLayoutVt{}), Shape<HeadDim, BlockN>{}, _1{}),
-            args.shape_q, args.shape_k};
+    Params params{make_tma_copy(SM90_TMA_LOAD{}, m_q, SmemLayoutQHalf{}, Shape<WgRows, HeadDim>{}, _1{}),
+                  TmaQChunk{},
+                  make_tma_copy(SM90_TMA_LOAD{}, m_k, take<0, 2>(SmemLayoutK{}), Shape<BlockN, HeadDim>{}, _1{}),
+                  make_tma_copy(SM90_TMA_LOAD{}, m_vt, take<0, 2>(SmemLayoutVt{}), Shape<HeadDim, BlockN>{}, _1{}),
+                  args.shape_q, args.shape_k};
+    if constexpr (kPackGqa) {
+      params.tma_q_chunk =
+          make_tma_copy(SM90_TMA_LOAD{}, m_q, SmemLayoutQChunk{}, Shape<Int<kChunkRows>, HeadDim>{}, _1{});
+    }
+    return params;
   }
 
   __device__ static void prefetch_tma_descriptors(const Params& params) {
-    cute::prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(kPackGqa ? params.tma_q_chunk.get_tma_descriptor()
+                                           : params.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
     cute::prefetch_tma_descriptor(params.tma_vt.get_tma_descriptor());
   }
@@ -177,7 +205,10 @@ struct FwdMainloopSm90 {
   // tile n + 1 before tile n's epilogue (tail_and_prefetch, two Q buffers only); that buffer was freed after tile
   // n - 1, whose epilogue came first, so the wait never depends on tile n's own arrival.
   struct LoadCoords {
-    int m_block, head_q, head_k, batch;
+    int m_block;
+    int head;  // the scheduler's: the query head, or the KV head of a packed tile
+    int head_k;
+    int batch;
   };
 
   // K/V are re-read by every query tile of the head (and every query head of a GQA group): keep them in L2.
@@ -193,19 +224,55 @@ struct FwdMainloopSm90 {
     ++state;
   }
 
+  // Q of one tile into Q buffer `q_buffer`, completing on `barrier_q` (armed by the caller): one box per 64-row
+  // half, or where GQA is packed one per 8-row chunk, each chunk at its own position and query head. A box past Sq
+  // (a half or chunk wholly beyond the last position) is entirely out of bounds: TMA fills it with zeros and still
+  // counts its bytes, so the expected transaction size is the same for every tile. Q is read by this tile only:
+  // EVICT_FIRST.
+  __device__ static void load_q(const Params& params, TensorStorage& tensors,
+                                cutlass::arch::ClusterTransactionBarrier& barrier_q, int q_buffer,
+                                const QueryTiling& tiling, const LoadCoords& at) {
+    using namespace cute;
+    Element* q_tile = tensors.q.data() + q_buffer * kQElems;
+    auto& barrier = reinterpret_cast<uint64_t&>(barrier_q);
+    if constexpr (!kPackGqa) {
+      Tensor m_q = params.tma_q.get_tma_tensor(params.shape_q)(_, _, at.head, at.batch);
+      Tensor g_q = local_tile(m_q, Shape<WgRows, HeadDim>{}, make_coord(_, _0{}));  // (64, D, half-tiles of Sq)
+      auto tma_q = params.tma_q.get_slice(_0{});
+      Tensor tQgQ = group_modes<0, 3>(tma_q.partition_S(g_q));  // (TMA, half-tiles)
+      CUTE_UNROLL
+      for (int half = 0; half < kConsumerWarpgroups; ++half) {
+        Tensor s_q_half = make_tensor(make_smem_ptr(q_tile + half * kQHalfElems), SmemLayoutQHalf{});
+        copy(params.tma_q.with(barrier, 0, TMA::CacheHintSm90::EVICT_FIRST),
+             tQgQ(_, at.m_block * kConsumerWarpgroups + half), group_modes<0, 3>(tma_q.partition_D(s_q_half)));
+      }
+    } else {
+      auto tma_q = params.tma_q_chunk.get_slice(_0{});
+      Tensor m_q = params.tma_q_chunk.get_tma_tensor(params.shape_q);  // (Sq, D, Hq, B)
+      CUTE_NO_UNROLL
+      for (int j = 0; j < QueryTiling::kChunksPerTile; ++j) {
+        const auto chunk = tiling.chunk(at.m_block * QueryTiling::kChunksPerTile + j, at.head);
+        Tensor g_chunk = local_tile(m_q(_, _, chunk.head_q, at.batch), Shape<Int<kChunkRows>, HeadDim>{},
+                                    make_coord(chunk.position / kChunkRows, _0{}));
+        Tensor s_chunk = make_tensor(
+            make_smem_ptr(q_tile + (j / kChunksPerHalf) * kQHalfElems + (j % kChunksPerHalf) * kQChunkElems),
+            SmemLayoutQChunk{});
+        copy(params.tma_q_chunk.with(barrier, 0, TMA::CacheHintSm90::EVICT_FIRST), tma_q.partition_S(g_chunk),
+             tma_q.partition_D(s_chunk));
+      }
+    }
+  }
+
   __device__ static void load_q_k(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
                                   PipelineK& pipeline_k, StateK& write_k, bool leader, const QuerySlot& q_slot,
-                                  const LoadCoords& at, const common::KvBlockRange& blocks) {
+                                  const QueryTiling& tiling, const LoadCoords& at,
+                                  const common::KvBlockRange& blocks) {
     using namespace cute;
     constexpr int kProducerAndConsumerThreads = cutlass::NumThreadsPerWarp + kConsumerWarpgroups * 128;
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
-    Tensor m_q = params.tma_q.get_tma_tensor(params.shape_q)(_, _, at.head_q, at.batch);
     Tensor m_k = params.tma_k.get_tma_tensor(params.shape_k)(_, _, at.head_k, at.batch);
-    Tensor g_q = local_tile(m_q, Shape<WgRows, HeadDim>{}, make_coord(_, _0{}));  // (64, D, half-tiles of Sq)
     Tensor g_k = local_tile(m_k, Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, D, n_blocks)
-    auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_k = params.tma_k.get_slice(_0{});
-    Tensor tQgQ = group_modes<0, 3>(tma_q.partition_S(g_q));  // (TMA, half-tiles)
     Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(g_k));  // (TMA, n_blocks)
     Tensor tKsK = group_modes<0, 3>(tma_k.partition_D(s_k));  // (TMA, stage)
 
@@ -215,16 +282,7 @@ struct FwdMainloopSm90 {
     if (leader) {
       auto& barrier_q = barriers.q[q_slot.buffer];
       barrier_q.arrive_and_expect_tx(kTmaBytesQ);
-      CUTE_UNROLL
-      for (int half = 0; half < kConsumerWarpgroups; ++half) {
-        // A half past Sq (Sq - m_start <= 64) is a box entirely out of bounds: TMA fills it with zeros and still
-        // counts its bytes, so the expected transaction size is the same for every tile. Q is read by this tile
-        // only: EVICT_FIRST.
-        Tensor s_q_half = make_tensor(
-            make_smem_ptr(tensors.q.data() + q_slot.buffer * kQElems + half * kQHalfElems), SmemLayoutQHalf{});
-        copy(params.tma_q.with(reinterpret_cast<uint64_t&>(barrier_q), 0, TMA::CacheHintSm90::EVICT_FIRST),
-             tQgQ(_, at.m_block * kConsumerWarpgroups + half), group_modes<0, 3>(tma_q.partition_D(s_q_half)));
-      }
+      load_q(params, tensors, barrier_q, q_slot.buffer, tiling, at);
     }
     for (int t = 1; t < blocks.num_blocks(); ++t) {
       load_stage(pipeline_k, write_k, params.tma_k, tKgK, tKsK, blocks.block_at(t), leader);
@@ -276,8 +334,20 @@ struct FwdMainloopSm90 {
   struct ConsumerTile {
     QuerySlot q_slot;
     common::KvBlockRange blocks;
-    common::TileMask mask;  // the warpgroup's rows
+    // The band mask of the warpgroup's rows (consecutive positions), or where GQA is packed of this thread's two.
+    std::conditional_t<kPackGqa, common::RowsMask<2>, common::TileMask> mask;
   };
+
+  // The warpgroup-local rows (0..63) of this thread's score and O fragments, in the fragments' row order: the band
+  // mask, the sinks and the LSE of a tile are taken per row from them.
+  __device__ __forceinline__ static void thread_rows(int thread_in_wg, int (&rows)[2]) {
+    using namespace cute;
+    Tensor coords_rc = common::wgmma_acc_rowcol_view(
+        TiledMmaQK{}.get_thread_slice(thread_in_wg).partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
+    static_assert(decltype(size<0>(coords_rc))::value == 2, "a thread holds two rows of a 64-row wgmma tile");
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) rows[r] = get<0>(coords_rc(r, 0));
+  }
 
   static constexpr bool kCanPrefetchQuery = kQStages == 2;
   // The online softmax skips O's rescale while no row max grew much (FwdOnlineSoftmaxSm90). Measured at D 256

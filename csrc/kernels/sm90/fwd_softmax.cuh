@@ -22,12 +22,12 @@ namespace flashjax::sm90 {
 // after masking would turn -inf into -c, a visible key. The band mask runs only on the blocks that need it
 // (KvBlockRange's masked blocks, which the mainloop visits in a loop of their own). kSoftcap: the kernel was compiled
 // for capped calls (FwdMainloopSm90); uncapped kernels carry none of its code.
-template <bool kNeedsMask, bool kSoftcap, typename ScoresRC, typename CoordsRC>
+template <bool kNeedsMask, bool kSoftcap, typename ScoresRC, typename CoordsRC, typename Mask>
 __device__ __forceinline__ void transform_and_mask_scores(ScoresRC& scores_rc, const CoordsRC& coords_rc,
-                                                          const common::ScoreTransform& transform,
-                                                          const common::TileMask& tile_mask, int n_start) {
+                                                          const common::ScoreTransform& transform, const Mask& mask,
+                                                          int n_start) {
   if constexpr (kSoftcap) transform.apply_softcap(scores_rc);
-  if constexpr (kNeedsMask) tile_mask.apply(scores_rc, coords_rc, n_start);
+  if constexpr (kNeedsMask) mask.apply(scores_rc, coords_rc, n_start);
 }
 
 // kLazyRescale: see kMaxGrowthLog2 below; without it every block moves the reference to the running max and O is

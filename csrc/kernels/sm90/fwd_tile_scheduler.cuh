@@ -2,8 +2,9 @@
 //
 // The grid has at most one CTA per SM (read from the device at launch), and every CTA walks a fixed sequence of
 // positions; producer and consumers walk the same sequence independently, so no tile index is communicated.
-// Positions [0, bulk_tiles) are tiles numbered m-block fastest, then query head, then batch: the CTAs resident at
-// any moment work on few heads and share their K/V in L2.
+// Positions [0, bulk_tiles) are tiles numbered m-block fastest, then head, then batch: the CTAs resident at any
+// moment work on few heads and share their K/V in L2. The walk's heads are the query heads, or the KV heads where
+// the call packs GQA (fwd_query_tiling.cuh: a tile then holds rows of every query head of its KV head).
 //
 // Balance. With a band (causal: the last rows see the most keys; a left-only window: the first), m-blocks differ
 // in work. Handing tiles out round robin (CTA c takes c, c + grid, ...) then gives some CTAs systematically
@@ -37,14 +38,16 @@
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/sm90/fwd_query_tiling.cuh"
 
 namespace flashjax::sm90 {
 
 template <int kBlockM, int kBlockN>
 struct FwdTileSchedulerSm90 {
-  // Bounds of the planned tail; the tables live in the kernel's parameter space (kept under 4 KB in all).
+  // Bounds of the planned tail; the tables live in the kernel's parameter space (kept under 4 KB in all: with 896
+  // tail tiles and packed GQA's two TMA descriptors the kernel's parameters are exactly 4 KB).
   static constexpr int kMaxPlannedCtas = 160;
-  static constexpr int kMaxTailTiles = 1024;
+  static constexpr int kMaxTailTiles = 896;
   static constexpr int kTailTilesPerCta = 2;
   // The host walks the bulk to know each CTA's load: beyond this many tiles the plan is skipped (the rounding it
   // removes is at most 1 / rounds of the work there).
@@ -57,14 +60,14 @@ struct FwdTileSchedulerSm90 {
 
   struct Params {
     int num_m_blocks;
-    int heads_q;
+    int heads;  // of the walk: Hq, or Hk where GQA is packed
     int num_tiles;
     int grid;               // CTAs to launch
     int bulk_tiles;         // positions below are tiles walked by the static rule, the rest the planned tail
     int bulk_head_batches;  // head-batches in the bulk (tail tile indices count from there)
     bool last_m_block_first;  // the last m-block is the heaviest: rank m-blocks from the end
     bool paired;              // hand bulk tiles out in (heavy, light) pairs
-    // Division by num_m_blocks and heads_q as a multiply and shift: every consumer warp decodes every tile index
+    // Division by num_m_blocks and heads as a multiply and shift: every consumer warp decodes every tile index
     // between two of its GEMM turns, where a full integer division (~25 instructions each, two per tile) adds to the
     // gap the other warpgroups' GEMMs must cover (ncu at D 64 S 512: ~500 integer instructions per warp per tile).
     cutlass::FastDivmod m_blocks_divmod;
@@ -75,18 +78,22 @@ struct FwdTileSchedulerSm90 {
 
   struct Tile {
     int m_block;
-    int head_q;
+    int head;  // the query head, or the KV head where GQA is packed
     int batch;
   };
 
   // num_tiles = 0 when there is no work (Sq = 0, B = 0 or Hq = 0); -1 when the tile count overflows int32.
-  static Params to_params(const AttnShape& shape, int num_sms) {
+  // tiling: FwdQueryTiling<kBlockM, packed or not>, the rows of a tile.
+  template <typename QueryTiling>
+  static Params to_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms) {
     Params params{};
-    const int num_m_blocks = common::ceil_div(shape.seqlen_q, kBlockM);
-    const int64_t num_tiles = int64_t(num_m_blocks) * shape.heads_q * shape.batch;
+    const int num_m_blocks = tiling.num_m_blocks();
+    const int heads = shape.heads_q / tiling.group;
+    const int64_t num_tiles = int64_t(num_m_blocks) * heads * shape.batch;
     const common::BandMask band(shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right);
     auto blocks_of = [&](int m_block) {
-      return band.template kv_blocks<kBlockM, kBlockN>(m_block * kBlockM).num_blocks();
+      const auto rows = tiling.positions(m_block);
+      return band.template kv_blocks_of_rows<kBlockN>(rows.first, rows.last).num_blocks();
     };
     bool uneven = false;
     if (num_m_blocks > 0) {
@@ -96,10 +103,10 @@ struct FwdTileSchedulerSm90 {
       uneven = last_blocks != first_blocks;
     }
     params.num_m_blocks = num_m_blocks;
-    params.heads_q = shape.heads_q;
+    params.heads = heads;
     params.num_tiles = num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles);
     params.m_blocks_divmod = cutlass::FastDivmod(num_m_blocks > 0 ? num_m_blocks : 1);
-    params.heads_divmod = cutlass::FastDivmod(shape.heads_q > 0 ? shape.heads_q : 1);
+    params.heads_divmod = cutlass::FastDivmod(heads > 0 ? heads : 1);
     params.bulk_tiles = params.num_tiles;
     params.paired = uneven && num_tiles >= 2 * int64_t(num_sms);
     const int units = params.paired ? (params.num_tiles + 1) / 2 : params.num_tiles;

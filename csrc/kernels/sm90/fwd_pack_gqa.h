@@ -1,0 +1,44 @@
+// When the sm90 forward packs GQA: the query heads of one KV head share a tile (fwd_query_tiling.cuh). Plain C++ (no
+// CUDA), so that the C API (csrc/ffi/c_api.cpp, behind flashjax.explain) asks the same function the launcher does.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+namespace flashjax::sm90 {
+
+// FLASHJAX_SM90_PACK_GQA: unset or "auto" packs where the rule below says so, "0" never, "1" every GQA call (tests
+// force both paths through every configuration with it). Read once per process.
+enum class PackGqaMode { kAuto, kNever, kAlways };
+
+inline PackGqaMode pack_gqa_mode() {
+  static const PackGqaMode mode = [] {
+    const char* value = std::getenv("FLASHJAX_SM90_PACK_GQA");
+    if (value == nullptr || std::strcmp(value, "auto") == 0 || value[0] == '\0') return PackGqaMode::kAuto;
+    return std::strcmp(value, "0") == 0 ? PackGqaMode::kNever : PackGqaMode::kAlways;
+  }();
+  return mode;
+}
+
+// Rows of a packed tile come in chunks of this many consecutive positions of one query head (8: one swizzle atom of
+// the Q and O tiles in shared memory, so each chunk is a TMA box of its own).
+constexpr int kPackedChunkRows = 8;
+
+// Query heads per tile for a call: G = Hq / Hk when packed, 1 when not. Auto packs where that leaves fewer 128-row
+// tiles: a tile of one head over Sq < 128 positions is mostly zero-filled rows (decode, speculative decoding,
+// chunked prefill), while G heads of the same positions fill it and read their K/V once. Where the tile counts are
+// equal the unpacked tile is kept (one TMA box per 64 rows instead of one per 8 positions, and tiles of one head).
+inline int fwd_pack_group(int seqlen_q, int heads_q, int heads_k, PackGqaMode mode) {
+  if (heads_k <= 0 || heads_q % heads_k != 0 || seqlen_q <= 0) return 1;
+  const int group = heads_q / heads_k;
+  if (group <= 1 || mode == PackGqaMode::kNever) return 1;
+  if (mode == PackGqaMode::kAlways) return group;
+  constexpr int64_t kRows = 128;
+  const int64_t unpacked_tiles = group * ((seqlen_q + kRows - 1) / kRows);
+  const int64_t chunks = group * int64_t((seqlen_q + kPackedChunkRows - 1) / kPackedChunkRows);
+  const int64_t packed_tiles = (chunks * kPackedChunkRows + kRows - 1) / kRows;
+  return packed_tiles < unpacked_tiles ? group : 1;
+}
+
+}  // namespace flashjax::sm90
