@@ -146,8 +146,8 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info tests_default tests_capped tests_sm80 sanitize memcheck_default memcheck_sm80 racecheck_default \
-           racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
+for key in build info tests_default tests_capped tests_packed tests_sm80 sanitize memcheck_default memcheck_sm80 \
+           racecheck_default racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
 done

@@ -25,10 +25,12 @@ inline PackGqaMode pack_gqa_mode() {
 // the Q and O tiles in shared memory, so each chunk is a TMA box of its own).
 constexpr int kPackedChunkRows = 8;
 
-// Query heads per tile for a call: G = Hq / Hk when packed, 1 when not. Auto packs where that leaves fewer 128-row
-// tiles: a tile of one head over Sq < 128 positions is mostly zero-filled rows (decode, speculative decoding,
-// chunked prefill), while G heads of the same positions fill it and read their K/V once. Where the tile counts are
-// equal the unpacked tile is kept (one TMA box per 64 rows instead of one per 8 positions, and tiles of one head).
+// Query heads per tile for a call: G = Hq / Hk when packed, 1 when not. Auto packs where that removes at least an
+// eighth of the 128-row tiles: a tile of one head over Sq < 128 positions is mostly zero-filled rows (decode,
+// speculative decoding, chunked prefill), while G heads of the same positions fill it and read their K/V once.
+// Below that saving (long sequences whose last tile is nearly full) the unpacked kernels are kept: their tile sizes
+// are chosen per key load (packed calls take kFew's, e.g. 128 rows where D 64 would take 192), and they need one
+// TMA box per 64 rows, not one per 8 positions.
 inline int fwd_pack_group(int seqlen_q, int heads_q, int heads_k, PackGqaMode mode) {
   if (heads_k <= 0 || heads_q % heads_k != 0 || seqlen_q <= 0) return 1;
   const int group = heads_q / heads_k;
@@ -38,7 +40,7 @@ inline int fwd_pack_group(int seqlen_q, int heads_q, int heads_k, PackGqaMode mo
   const int64_t unpacked_tiles = group * ((seqlen_q + kRows - 1) / kRows);
   const int64_t chunks = group * int64_t((seqlen_q + kPackedChunkRows - 1) / kPackedChunkRows);
   const int64_t packed_tiles = (chunks * kPackedChunkRows + kRows - 1) / kRows;
-  return packed_tiles < unpacked_tiles ? group : 1;
+  return 8 * packed_tiles <= 7 * unpacked_tiles ? group : 1;
 }
 
 }  // namespace flashjax::sm90
