@@ -150,6 +150,26 @@ def test_explain_on_a_99_kb_gpu():
             assert ": kernel (" in flashjax.explain(q, q, q, causal=True, device_sm=80)
 
 
+def test_explain_says_where_the_sm90_forward_packs_gqa():
+    # The rule is the library's (csrc/kernels/sm90/fwd_pack_gqa.h), asked through the C API as the launcher asks it.
+    if _smem("sm90", "fwd", "bf16", 64) is None or _smem("sm80", "bwd", "bf16", 64) is None:
+        pytest.skip("no sm90 forward with an sm80 backward at head dim 64 in this build")
+    spec = jax.ShapeDtypeStruct
+
+    def text(seqlen_q, heads_q, heads_k, device_sm=90):
+        q = spec((2, seqlen_q, heads_q, 64), jnp.bfloat16)
+        k = spec((2, 4096, heads_k, 64), jnp.bfloat16)
+        return flashjax.explain(q, k, k, device_sm=device_sm)
+
+    assert "; GQA packed: the 4 query heads of a KV head share each forward tile" in text(1, 32, 8)
+    assert "GQA packed: the 8 query heads" in text(100, 16, 2)
+    assert "GQA packed: the 4 query heads" in text(129, 32, 8)  # 5 packed tiles per KV head against 8
+    for sizes in ((4000, 32, 8), (128, 32, 8), (97, 32, 8), (1, 16, 16)):
+        assert "GQA packed" not in text(*sizes), sizes
+    assert "GQA packed" not in text(1, 32, 8, device_sm=80)  # the sm80 forward does not pack
+    assert _ffi.sm90_fwd_pack_group(1, 32, 8) == 4 and _ffi.sm90_fwd_pack_group(4000, 32, 8) == 1
+
+
 def test_auto_warns_once_with_the_shared_memory_reason(monkeypatch):
     if not any(a.startswith("80") for a in _ffi.build_info()["cuda_archs"]):
         pytest.skip("no sm80-family code in this build")
