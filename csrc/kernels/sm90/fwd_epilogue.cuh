@@ -194,9 +194,8 @@ struct FwdEpilogueSm90 {
 
   // Each row's LSE, by the lane of its quad that holds column 0. Unpacked, the rows are one head's consecutive
   // positions, and the code is the one from before packing existed: the head's offset is taken once, in uniform
-  // registers. (Per-row addresses cost the unpacked D 128 kernel ~2% where they were shared with the packed path:
-  // the per-tile path runs between two tiles' GEMMs, and the kernel is sensitive to its code layout, bench/NOTES.md
-  // v10 and v16.)
+  // registers. (With per-row addresses shared by both paths, the unpacked D 128 rows read 1-2% slower in v16's A/B,
+  // not separated from the order of the builds; the per-tile path runs between two tiles' GEMMs: bench/NOTES.md.)
   template <int kRows>
   __device__ static void store_lse(const Params& params, const float (&lse)[kRows], const QueryTiling& tiling,
                                    int warpgroup, int thread_in_wg, int m_block, int head, int batch) {
