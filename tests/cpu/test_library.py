@@ -162,9 +162,9 @@ def test_explain_says_where_the_sm90_forward_packs_gqa():
         return flashjax.explain(q, k, k, device_sm=device_sm)
 
     assert "; GQA packed: the 4 query heads of a KV head share each forward tile" in text(1, 32, 8)
-    assert "GQA packed: the 8 query heads" in text(100, 16, 2)
+    assert "GQA packed: the 8 query heads" in text(60, 16, 2)
     assert "GQA packed: the 4 query heads" in text(129, 32, 8)  # 5 packed tiles per KV head against 8
-    for sizes in ((4000, 32, 8), (128, 32, 8), (97, 32, 8), (1, 16, 16)):
+    for sizes in ((4000, 32, 8), (128, 32, 8), (97, 32, 8), (200, 32, 4), (100, 16, 2), (1, 16, 16)):
         assert "GQA packed" not in text(*sizes), sizes
     assert "GQA packed" not in text(1, 32, 8, device_sm=80)  # the sm80 forward does not pack
     assert _ffi.sm90_fwd_pack_group(1, 32, 8) == 4 and _ffi.sm90_fwd_pack_group(4000, 32, 8) == 1

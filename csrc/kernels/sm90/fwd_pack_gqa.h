@@ -25,12 +25,14 @@ inline PackGqaMode pack_gqa_mode() {
 // the Q and O tiles in shared memory, so each chunk is a TMA box of its own).
 constexpr int kPackedChunkRows = 8;
 
-// Query heads per tile for a call: G = Hq / Hk when packed, 1 when not. Auto packs where that removes at least an
-// eighth of the 128-row tiles: a tile of one head over Sq < 128 positions is mostly zero-filled rows (decode,
+// Query heads per tile for a call: G = Hq / Hk when packed, 1 when not. Auto packs where that removes at least a
+// quarter of the 128-row tiles: a tile of one head over Sq < 128 positions is mostly zero-filled rows (decode,
 // speculative decoding, chunked prefill), while G heads of the same positions fill it and read their K/V once.
-// Below that saving (long sequences whose last tile is nearly full) the unpacked kernels are kept: their tile sizes
-// are chosen per key load (packed calls take kFew's, e.g. 128 rows where D 64 would take 192), and they need one
-// TMA box per 64 rows, not one per 8 positions.
+// Below that saving the unpacked kernels are kept: their tile sizes follow the key load (packed calls take kFew's,
+// e.g. 128 rows where D 64 would take 192), they need one TMA box per 64 rows rather than one per 8 positions, and
+// fewer tiles pay only where they also mean fewer rounds of tiles over the SMs. Measured (bench/NOTES.md v16):
+// 4 of 16 tiles saved, +78% (Sq 64, G 4, 256 tiles against 128 on 132 SMs); 3 of 16, -6% (Sq 200, G 8: two rounds
+// either way); long sequences with a nearly full last tile (Sq 4000), -1 to -3% forced packed.
 inline int fwd_pack_group(int seqlen_q, int heads_q, int heads_k, PackGqaMode mode) {
   if (heads_k <= 0 || heads_q % heads_k != 0 || seqlen_q <= 0) return 1;
   const int group = heads_q / heads_k;
@@ -40,7 +42,7 @@ inline int fwd_pack_group(int seqlen_q, int heads_q, int heads_k, PackGqaMode mo
   const int64_t unpacked_tiles = group * ((seqlen_q + kRows - 1) / kRows);
   const int64_t chunks = group * int64_t((seqlen_q + kPackedChunkRows - 1) / kPackedChunkRows);
   const int64_t packed_tiles = (chunks * kPackedChunkRows + kRows - 1) / kRows;
-  return 8 * packed_tiles <= 7 * unpacked_tiles ? group : 1;
+  return 4 * packed_tiles <= 3 * unpacked_tiles ? group : 1;
 }
 
 }  // namespace flashjax::sm90
