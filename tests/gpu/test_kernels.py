@@ -177,14 +177,21 @@ def _forced_gqa_cases():
     return "ok"
 
 
+def _in_fresh_process(expression, timeout, **env_vars):
+    """The value (printed, last word) of `expression` over this module, evaluated in a new Python process with
+    `env_vars` set: for the launcher's settings that it reads once per process."""
+    env = dict(os.environ, **env_vars)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
+    code = f"import test_kernels; print(test_kernels.{expression})"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()[-1]
+
+
 @pytest.mark.parametrize("mode", ["1", "0"])
 def test_gqa_forced_through_each_path(mode):
-    env = dict(os.environ, FLASHJAX_SM90_PACK_GQA=mode, FLASHJAX_SWEEP_SEED=str(SEED))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
-    code = "import test_kernels; print(test_kernels._forced_gqa_cases())"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[-1] == "ok"
+    assert _in_fresh_process("_forced_gqa_cases()", 900, FLASHJAX_SM90_PACK_GQA=mode,
+                             FLASHJAX_SWEEP_SEED=str(SEED)) == "ok"
 
 
 # Scores that grow along the keys (keys scaled from 0.5 to 12 along the sequence, so a row's max keeps rising by
@@ -428,9 +435,4 @@ def test_chained_calls_read_the_previous_output():
 # FLASHJAX_SM90_PDL=0 (README) launches without programmatic dependent launch. The launcher reads it once per
 # process, so the same chain runs in a fresh one.
 def test_chained_calls_without_programmatic_launch():
-    env = dict(os.environ, FLASHJAX_SM90_PDL="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
-    code = "import test_kernels; print(test_kernels._chained_calls_rel_err())"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert float(done.stdout.split()[-1]) < 1e-2
+    assert float(_in_fresh_process("_chained_calls_rel_err()", 600, FLASHJAX_SM90_PDL="0")) < 1e-2
