@@ -60,6 +60,13 @@ FLASHJAX_EXPORT int flashjax_choose_kernel(int device_sm, int direction, int dty
   return choice.kernel == nullptr ? -1 : static_cast<int>(choice.kernel - table.data());
 }
 
+// The family ("sm80", "sm90") of the kernel table row flashjax_choose_kernel returned, or "" for an index outside
+// the table (e.g. its -1): so that callers never parse the reason to learn which family runs.
+FLASHJAX_EXPORT const char* flashjax_kernel_family(int index) {
+  const auto& table = flashjax::enabled_kernel_table();
+  return index >= 0 && index < static_cast<int>(table.size()) ? table[index].family : "";
+}
+
 // The dynamic shared memory per block (bytes) dispatch allows a kernel on a device of compute capability
 // `device_sm` when it answers flashjax_choose_kernel: its table of known archs (see dispatch.h).
 FLASHJAX_EXPORT int flashjax_max_smem_per_block_optin(int device_sm) {

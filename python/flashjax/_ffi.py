@@ -50,6 +50,8 @@ def library() -> ctypes.CDLL:
     lib.flashjax_build_info.restype = ctypes.c_char_p
     lib.flashjax_choose_kernel.restype = ctypes.c_int
     lib.flashjax_choose_kernel.argtypes = [ctypes.c_int] * 6 + [ctypes.c_char_p, ctypes.c_int]
+    lib.flashjax_kernel_family.restype = ctypes.c_char_p
+    lib.flashjax_kernel_family.argtypes = [ctypes.c_int]
     lib.flashjax_padded_head_dim.restype = ctypes.c_int
     lib.flashjax_padded_head_dim.argtypes = [ctypes.c_int]
     return lib
@@ -71,13 +73,25 @@ def build_info() -> dict:
     return info
 
 
-def choose_kernel(device_sm: int, direction: str, dtype: str, head_dim: int, *, varlen: bool = False,
-                  mask_mod: bool = False) -> tuple[bool, str]:
-    """Ask the library's dispatcher (the same function the FFI handlers use) whether a kernel runs this call."""
+def _choose(device_sm: int, direction: str, dtype: str, head_dim: int, varlen: bool, mask_mod: bool):
     reason = ctypes.create_string_buffer(512)
     index = library().flashjax_choose_kernel(device_sm, DIRECTION[direction], DTYPE[dtype], head_dim,
                                              int(varlen), int(mask_mod), reason, len(reason))
-    return index >= 0, reason.value.decode()
+    return index, reason.value.decode()
+
+
+def choose_kernel(device_sm: int, direction: str, dtype: str, head_dim: int, *, varlen: bool = False,
+                  mask_mod: bool = False) -> tuple[bool, str]:
+    """Ask the library's dispatcher (the same function the FFI handlers use) whether a kernel runs this call."""
+    index, reason = _choose(device_sm, direction, dtype, head_dim, varlen, mask_mod)
+    return index >= 0, reason
+
+
+def chosen_family(device_sm: int, direction: str, dtype: str, head_dim: int, *, varlen: bool = False,
+                  mask_mod: bool = False) -> str | None:
+    """The kernel family ("sm80", "sm90") dispatch picks for this call, or None where no kernel runs it."""
+    index, _ = _choose(device_sm, direction, dtype, head_dim, varlen, mask_mod)
+    return library().flashjax_kernel_family(index).decode() or None
 
 
 def padded_head_dim(head_dim: int) -> int:

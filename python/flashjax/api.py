@@ -330,7 +330,9 @@ def explain(q, k, v, *, varlen=False, causal=False, window_size=(-1, -1), softca
     details = ""
     if path == "kernel":
         details = f", head dim padded to {_ffi.padded_head_dim(head_dim)}"
-        group = _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if reason.startswith("sm90 ") else 1
+        family = _ffi.chosen_family(device_sm or _device_sm(), "fwd", jnp.dtype(q.dtype).name,
+                                    _ffi.padded_head_dim(head_dim), varlen=varlen, mask_mod=mask_mod is not None)
+        group = _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if family == "sm90" else 1
         if group > 1:
             details += f"; GQA packed: the {group} query heads of a KV head share each forward tile"
     return f"{shape}: {path} ({reason}{details})"

@@ -51,6 +51,25 @@ def test_dispatch_answers_with_reasons():
             assert "sm80" in reason
 
 
+def test_chosen_family_names_the_row_dispatch_picks():
+    # explain() learns the family from here, never from the reason's wording.
+    info = _ffi.build_info()
+    assert _ffi.chosen_family(70, "fwd", "bfloat16", 128) is None
+    assert _ffi.chosen_family(90, "fwd", "bfloat16", 128, varlen=True) is None
+    families = {}
+    for k in info["kernels"]:
+        families.setdefault((k["direction"], k["dtype"], k["head_dim"]), set()).add(k["family"])
+    for (direction, dtype, head_dim), offered in families.items():
+        for sm in (80, 90):
+            ok, reason = _ffi.choose_kernel(sm, direction, DTYPE_NAME[dtype], head_dim)
+            family = _ffi.chosen_family(sm, direction, DTYPE_NAME[dtype], head_dim)
+            assert (family is not None) == ok, (sm, direction, dtype, head_dim, reason)
+            if ok:
+                assert family in offered and reason.startswith(family), (family, reason)
+                # on Hopper the Hopper family wins where it is compiled
+                assert sm == 80 or "sm90" not in offered or family == "sm90", (direction, dtype, head_dim)
+
+
 DTYPE_NAME = {"bf16": "bfloat16", "fp16": "float16"}
 DIRECTION_NAME = {"fwd": "forward", "bwd": "backward"}
 FAMILY_SM = {"sm80": 80, "sm90": 90}
