@@ -40,6 +40,8 @@ cases = [  # (config, key scale along the keys or None)
     (C("bfloat16", 1, 0, 100, 2, 2, 128, 128, True, (-1, -1), False, 0.0), None),
     (C("bfloat16", 1, 100, 0, 2, 2, 128, 128, False, (-1, -1), False, 0.0), None),
 ]
+# The GPU tests' tile-choice shapes in scope come first: a variant that changes tile sizes is checked there at once.
+cases[:0] = [(retyped(cfg), None) for cfg in tk.TILE_CHOICE_CASES if in_scope(retyped(cfg))]
 windows = [(100, 0), (0, 300), (257, 129), (1000, -1), (-1, 77), (0, 0), (3000, 3000)]
 for i, window in enumerate(windows):
     d = BUILT_HEAD_DIMS[i % len(BUILT_HEAD_DIMS)]

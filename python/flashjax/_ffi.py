@@ -50,8 +50,6 @@ def library() -> ctypes.CDLL:
     lib.flashjax_build_info.restype = ctypes.c_char_p
     lib.flashjax_choose_kernel.restype = ctypes.c_int
     lib.flashjax_choose_kernel.argtypes = [ctypes.c_int] * 6 + [ctypes.c_char_p, ctypes.c_int]
-    lib.flashjax_kernel_family.restype = ctypes.c_char_p
-    lib.flashjax_kernel_family.argtypes = [ctypes.c_int]
     lib.flashjax_padded_head_dim.restype = ctypes.c_int
     lib.flashjax_padded_head_dim.argtypes = [ctypes.c_int]
     return lib
@@ -91,7 +89,9 @@ def chosen_family(device_sm: int, direction: str, dtype: str, head_dim: int, *, 
                   mask_mod: bool = False) -> str | None:
     """The kernel family ("sm80", "sm90") dispatch picks for this call, or None where no kernel runs it."""
     index, _ = _choose(device_sm, direction, dtype, head_dim, varlen, mask_mod)
-    return library().flashjax_kernel_family(index).decode() or None
+    fn = library().flashjax_kernel_family
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    return fn(index).decode() or None
 
 
 def padded_head_dim(head_dim: int) -> int:

@@ -60,7 +60,8 @@ def test_sweep(index):
 # >= 2048 keys per row; D 128 (128 x 128, three K stages) causal with tiles of 1 to 24 KV blocks and non-causal with
 # 24-block tiles, and unbanded with >= 8192 keys per row (a partial last block); D 256 causal with
 # < 512 keys for the middle row (128 x 48, O in a buffer of its own) and with more (128 x 80, O staged in Q's);
-# D 192 causal with < 512 keys for the middle row (128 x 64, two Q buffers).
+# D 192 causal with < 512 keys for the middle row (128 x 64, two Q buffers); D 256 and D 192 without a band and at
+# most 512 keys (128 x 64: 64-key steps divide such rows; a partial last block where Sk is not a multiple of 64).
 TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 1, 4500, 4500, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
     sweep.Config("float16", 2, 1000, 1000, 2, 1, 64, 64, True, (-1, -1), True, 0.0),
@@ -72,6 +73,9 @@ TILE_CHOICE_CASES = [
     sweep.Config("bfloat16", 3, 700, 700, 4, 2, 256, 256, True, (-1, -1), True, 0.0),
     sweep.Config("float16", 1, 1500, 1500, 2, 2, 256, 256, True, (-1, -1), False, 0.0),
     sweep.Config("bfloat16", 2, 900, 900, 6, 2, 192, 192, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 2, 700, 500, 4, 2, 256, 256, False, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 3, 1000, 511, 2, 1, 256, 256, False, (-1, -1), False, 3.0),
+    sweep.Config("float16", 1, 300, 512, 4, 4, 192, 192, False, (-1, -1), False, 5.0),
 ]
 
 

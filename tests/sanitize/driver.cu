@@ -55,6 +55,7 @@ struct Config {
   float softcap;
   bool dlse;  // pass a cotangent for lse (the backward's optional input)
   const char* what;
+  int head_dim = 0;  // the variant to run: 0 takes the configs' rotation over the variants, else this head dim's first
 };
 
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
@@ -74,6 +75,8 @@ const Config kConfigs[] = {
     {2, 0, 77, 4, 2, -1, 0, false, 0.f, false, "Sq = 0: no queries, dk = dv = 0"},
     {1, 77, 0, 4, 2, -1, -1, true, 0.f, true, "Sk = 0: every row empty, sinks, dlse"},
     {2, 9, 300, 16, 2, -1, 0, true, 0.f, true, "GQA 16/2 packed (8 heads per sm90 tile), causal Sq 9 < Sk, sinks"},
+    {2, 300, 500, 4, 2, -1, -1, true, 0.f, true, "full attention, Sk 500 (sm90 D 256: 128 x 64 tiles), sinks, dlse",
+     256},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -523,7 +526,12 @@ int main(int argc, char** argv) {
   int failures = 0;
   for (int i = 0; i < kNumConfigs; ++i) {
     if (!only.empty() && std::find(only.begin(), only.end(), i) == only.end()) continue;
-    const Variant& variant = variants[i % variants.size()];
+    const Variant* pinned = nullptr;
+    for (const Variant& v : variants) {
+      if (pinned == nullptr && v.head_dim == kConfigs[i].head_dim) pinned = &v;
+    }
+    if (kConfigs[i].head_dim > 0 && pinned == nullptr) continue;  // not compiled in this build
+    const Variant& variant = pinned != nullptr ? *pinned : variants[i % variants.size()];
     std::printf("[%d] %s %s D%d fwd %s bwd %s", i, describe(kConfigs[i]).c_str(), dtype_name(variant.dtype),
                 variant.head_dim, variant.fwd->family, variant.bwd->family);
     std::fflush(stdout);

@@ -38,12 +38,13 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
 
 // The call's FwdKeyLoad (fwd_tile_sizes.cuh): kMany = more than one 128-row tile of queries, and either no band or a
 // band whose middle query row sees at least 2048 keys (about the mean over the rows for causal and sliding-window
-// bands); kFewShortBand = more than one tile and a band whose middle row sees fewer than 512 keys. The normalized
-// band drops a side that excludes nothing, so e.g. a window wider than the sequence counts as no band.
+// bands), and of those kManyShortRows = no band and at most 512 keys; kFewShortBand = more than one tile and a band
+// whose middle row sees fewer than 512 keys. The normalized band drops a side that excludes nothing, so e.g. a window
+// wider than the sequence counts as no band.
 inline FwdKeyLoad key_load(const FwdParams& params) {
   if (params.seqlen_q <= 128) return FwdKeyLoad::kFew;
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-  if (band.left < 0 && band.right < 0) return FwdKeyLoad::kMany;
+  if (band.left < 0 && band.right < 0) return params.seqlen_k <= 512 ? FwdKeyLoad::kManyShortRows : FwdKeyLoad::kMany;
   const int middle_row = params.seqlen_q / 2;
   const int middle_keys = band.col_end(middle_row) - band.col_begin(middle_row);
   return middle_keys >= 2048 ? FwdKeyLoad::kMany : middle_keys >= 512 ? FwdKeyLoad::kFew : FwdKeyLoad::kFewShortBand;
@@ -227,6 +228,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kFewShortBand>(params, stream);
     case FwdKeyLoad::kFew:
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kFew>(params, stream);
+    case FwdKeyLoad::kManyShortRows:
+      return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kManyShortRows>(params, stream);
     default:
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kMany>(params, stream);
   }
@@ -239,8 +242,9 @@ int fwd_smem_bytes() {
   constexpr int kShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFewShortBand>::kSmemBytes;
   constexpr int kFew = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew>::kSmemBytes;
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
+  constexpr int kManyShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyShortRows>::kSmemBytes;
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
-  return std::max({kShort, kFew, kMany, kPacked});
+  return std::max({kShort, kFew, kMany, kManyShort, kPacked});
 }
 
 }  // namespace flashjax::sm90

@@ -20,15 +20,16 @@ struct FwdTileSizes {
   int block_n;
 };
 
-// kFewShortBand calls are kFew calls.
+// kFewShortBand calls are kFew calls; kManyShortRows calls are kMany calls.
 enum class FwdKeyLoad {
-  kFewShortBand,  // more than one 128-row tile and a band whose middle row sees < 512 keys
-  kFew,           // at most one 128-row tile of queries, or a band whose middle row sees < 2048 keys
-  kMany,          // the rest
+  kFewShortBand,   // more than one 128-row tile and a band whose middle row sees < 512 keys
+  kFew,            // at most one 128-row tile of queries, or a band whose middle row sees < 2048 keys
+  kManyShortRows,  // more than one 128-row tile, no band, at most 512 keys
+  kMany,           // the rest
 };
 
 constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
-  const bool many_keys = load == FwdKeyLoad::kMany;
+  const bool many_keys = load == FwdKeyLoad::kMany || load == FwdKeyLoad::kManyShortRows;
   // D = 64: the exp2 work per key is as large as the GEMM work (64 x 128 exponentials per warpgroup and block
   // take the SFU as long as the block's two GEMMs take the tensor cores), so a third consumer warpgroup (FA3's
   // 192 x 128; S 64 + P 32 + O 32 registers under 160) keeps the tensor cores fed while two others exponentiate:
@@ -49,13 +50,21 @@ constexpr FwdTileSizes fwd_tile_sizes(int head_dim, FwdKeyLoad load) {
   // Where the band is short, 64 keys per step leave room for a second Q buffer and a third K stage (2 x 48 + 3 x 24
   // + 2 x 24 = 216 KB), so tiles carry over as at D = 128 (see D = 256 below): causal S 512 258 -> 314 TFLOP/s
   // (0.98 -> 1.22 of cuDNN; bench/NOTES.md v9).
-  if (head_dim <= 192) return load == FwdKeyLoad::kFewShortBand ? FwdTileSizes{128, 64} : FwdTileSizes{128, 112};
+  // Rows of at most 512 keys take 64 keys per step too: 112 would pad 512 keys to 560 (9% of the work on keys past
+  // the end).
+  if (head_dim <= 192) {
+    const bool short_rows = load == FwdKeyLoad::kFewShortBand || load == FwdKeyLoad::kManyShortRows;
+    return short_rows ? FwdTileSizes{128, 64} : FwdTileSizes{128, 112};
+  }
   // D = 256: Q 64 + K 80 + V 80 = 224 KB, the smem limit (FA3's choice); S 40 + P 20 + O 128 registers. That
   // leaves one Q buffer, with O staged in it, so each tile's Q loads only after the previous tile's epilogue and the
   // consumers wait for it. Where tiles are a few blocks long (causal S 512: 2-7 blocks) that wait is a large part of
   // the tile: 48 keys per step (K 48 + V 48) makes room for O's own buffer, and Q's buffer frees once the tile's last
   // Q K^T is done: +4-7% at causal S 512, but -2% at S 1k and -5% at S 2k, where the smaller steps cost more than the
   // wait (bench/NOTES.md v9).
+  // Rows of at most 512 keys without a band: 80 keys per step pad 512 keys to 560 (9% of the work on keys past the
+  // end), 64 divide them: S 512 444 -> 480 TFLOP/s (1.07 -> 1.16 of cuDNN; 48 keys: 460; bench/NOTES.md v18).
+  if (load == FwdKeyLoad::kManyShortRows) return {128, 64};
   return load == FwdKeyLoad::kFewShortBand ? FwdTileSizes{128, 48} : FwdTileSizes{128, 80};
 }
 
