@@ -60,7 +60,8 @@ struct Config {
 
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
 // causal, windows that empty rows, sinks, softcap, and empty sequences on either side. The sm90 forward packs the
-// GQA configs with short Sq (fwd_pack_gqa.h: 130/77, 1/300, 77/300, the last).
+// GQA configs with short Sq (fwd_pack_gqa.h: 130/77, 1/300, 77/300, 9/300). A config with a head dim runs that
+// variant only: the last reaches sm90's D 256 kernel for unbanded rows of at most 512 keys (128 x 64 tiles).
 const Config kConfigs[] = {
     {2, 77, 130, 4, 2, -1, -1, false, 0.f, false, "full attention, ragged Sq < Sk, GQA 4/2"},
     {1, 130, 77, 4, 2, -1, -1, false, 5.f, true, "full attention, Sq > Sk, softcap 5, dlse"},
