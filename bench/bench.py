@@ -85,8 +85,8 @@ def grid_rows(tokens, hidden, head_dims, seqlens):
     """The §6 grid (batch = tokens / S, heads = hidden / D, causal and not) and its extra rows.
 
     The extra rows scale with `tokens` so a tiny CPU run keeps their shape; at 16k tokens they are
-    exactly GQA 32:8 at S 4k, a 1024-wide causal sliding window at S 16k, and decode against 8k keys (MHA and
-    GQA 32:8, and GQA with 16 queries per sequence).
+    exactly GQA 32:8 at S 4k, a 1024-wide causal sliding window at S 16k, decode against 8k keys (MHA and
+    GQA 32:8, and GQA with 16 queries per sequence) and decode of one sequence against 32k keys.
     """
     rows = []
     for d in head_dims:
@@ -106,6 +106,10 @@ def grid_rows(tokens, hidden, head_dims, seqlens):
     # query heads of a KV head into one tile.
     rows.append(Row(f"decode-gqa32:8-d128-sk{tokens // 2}", 64, 1, tokens // 2, 32, 8, 128, False))
     rows.append(Row(f"spec16-gqa32:8-d128-sk{tokens // 2}", 64, 16, tokens // 2, 32, 8, 128, False))
+    # Decode of one sequence against a long cache: a tile per KV head (8 of them, or 16 under MHA), far fewer than
+    # the SMs, unless the keys are split across CTAs.
+    rows.append(Row(f"decode-b1-gqa32:8-d128-sk{2 * tokens}", 1, 1, 2 * tokens, 32, 8, 128, False))
+    rows.append(Row(f"decode-b1-d128-sk{2 * tokens}", 1, 1, 2 * tokens, 16, 16, 128, False))
     return rows
 
 

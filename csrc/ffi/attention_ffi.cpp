@@ -152,11 +152,11 @@ ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cu
   return ffi::Error::Success();
 }
 
-ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                    ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
-                    ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_sinks, float softcap, float softmax_scale,
+// The forward's operands and attributes (both targets).
+ffi::Error fill_fwd(FwdParams& p, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    const ffi::RemainingArgs& optional, ffi::Result<ffi::AnyBuffer>& o,
+                    ffi::Result<ffi::Buffer<ffi::F32>>& lse, bool has_sinks, float softcap, float softmax_scale,
                     int32_t window_left, int32_t window_right) {
-  FwdParams p;
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
@@ -168,6 +168,43 @@ ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   p.v = v.untyped_data();
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
+  return ffi::Error::Success();
+}
+
+ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                    ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_sinks, float softcap, float softmax_scale,
+                    int32_t window_left, int32_t window_right) {
+  FwdParams p;
+  if (auto err = fill_fwd(p, q, k, v, optional, o, lse, has_sinks, softcap, softmax_scale, window_left, window_right);
+      err.failure()) {
+    return err;
+  }
+  return launch(ordinal, Direction::kFwd, p, stream);
+}
+
+// The forward with split keys (a separate target, so that the plain one keeps the signature exported calls were
+// lowered with): num_splits parts per tile, partial results in the two workspace outputs.
+ffi::Error fwd_split_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                          ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                          ffi::Result<ffi::Buffer<ffi::F32>> lse, ffi::Result<ffi::Buffer<ffi::F32>> o_partial,
+                          ffi::Result<ffi::Buffer<ffi::F32>> lse_partial, bool has_sinks, int32_t num_splits,
+                          float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+  FwdParams p;
+  if (auto err = fill_fwd(p, q, k, v, optional, o, lse, has_sinks, softcap, softmax_scale, window_left, window_right);
+      err.failure()) {
+    return err;
+  }
+  if (num_splits < 1) return invalid("num_splits must be at least 1, got " + std::to_string(num_splits));
+  const FwdSplitWorkspaceLayout workspace =
+      fwd_split_workspace_layout(p.batch, num_splits, p.heads_q, p.seqlen_q, p.head_dim);
+  if (o_partial->element_count() < static_cast<size_t>(workspace.o_partial) ||
+      lse_partial->element_count() < static_cast<size_t>(workspace.lse_partial)) {
+    return invalid("split-keys workspace is smaller than the problem needs");
+  }
+  p.num_splits = num_splits;
+  p.o_partial = o_partial->typed_data();
+  p.lse_partial = lse_partial->typed_data();
   return launch(ordinal, Direction::kFwd, p, stream);
 }
 
@@ -232,6 +269,26 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
                                   .Ret<ffi::AnyBuffer>()            // o
                                   .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
                                   .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()            // q
+                                  .Arg<ffi::AnyBuffer>()            // k
+                                  .Arg<ffi::AnyBuffer>()            // v
+                                  .RemainingArgs()                  // sinks [Hq] f32 (see OptionalOperands)
+                                  .Ret<ffi::AnyBuffer>()            // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: o_partial [B, splits, Hq, Sq, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: lse_partial [B, splits, Hq, Sq]
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<int32_t>("num_splits")
                                   .Attr<float>("softcap")
                                   .Attr<float>("softmax_scale")
                                   .Attr<int32_t>("window_left")

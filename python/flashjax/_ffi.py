@@ -18,6 +18,7 @@ LIBRARY_ENV = "FLASHJAX_LIBRARY"
 LIBRARY_NAME = "libflashjax.so"
 # FFI target names: stable, so that jax.export'ed calls keep resolving.
 FWD_TARGET = "flashjax_fwd"
+FWD_SPLIT_TARGET = "flashjax_fwd_split"  # the forward with split keys and its workspace (primitives.py)
 BWD_TARGET = "flashjax_bwd"
 
 # Enum values shared with csrc/ffi/dispatch.h and csrc/include/flashjax/params.h.
@@ -105,6 +106,29 @@ def sm90_fwd_pack_group(seqlen_q: int, heads_q: int, heads_k: int) -> int:
     return fn(seqlen_q, heads_q, heads_k)
 
 
+def sm90_fwd_num_splits(batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int,
+                        window_left: int, softcap: bool, num_sms: int) -> int:
+    """Parts per tile the sm90 forward splits a call's keys into on a GPU of num_sms SMs (1: no split); head_dim is
+    the compiled width. 1 with a library that predates split keys."""
+    lib = library()
+    if not hasattr(lib, "flashjax_sm90_fwd_num_splits"):
+        return 1
+    fn = lib.flashjax_sm90_fwd_num_splits
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int] * 9
+    return fn(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, window_left, int(softcap), num_sms)
+
+
+def default_device() -> tuple[int, int] | None:
+    """(compute capability as major*10 + minor, SM count) of the default device when it is an NVIDIA GPU, else
+    None. The SM count is 0 where jax does not report it."""
+    device = jax.devices()[0]
+    cc = getattr(device, "compute_capability", None) if device.platform == "gpu" else None
+    if cc is None:
+        return None
+    major, minor = str(cc).split(".")
+    return int(major) * 10 + int(minor), int(getattr(device, "core_count", 0) or 0)
+
+
 def max_smem_per_block_optin(device_sm: int) -> int:
     """Bytes of shared memory per block that dispatch allows a kernel on a GPU of this compute capability."""
     fn = library().flashjax_max_smem_per_block_optin
@@ -116,5 +140,7 @@ def max_smem_per_block_optin(device_sm: int) -> int:
 def register_targets() -> None:
     """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""
     lib = library()
-    for name in (FWD_TARGET, BWD_TARGET):
+    for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET):
+        if name == FWD_SPLIT_TARGET and not hasattr(lib, name):
+            continue  # a library before split keys: sm90_fwd_num_splits answers 1, so nothing lowers to it
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")

@@ -131,14 +131,8 @@ def _check_hint(name, value):
 # ------------------------------------------------------------------------------------------------ backend choice
 def _device_sm() -> int | None:
     """Compute capability (major*10 + minor) of the default device when it is an NVIDIA GPU, else None."""
-    device = jax.devices()[0]
-    if device.platform != "gpu":
-        return None
-    cc = getattr(device, "compute_capability", None)
-    if cc is None:
-        return None
-    major, minor = str(cc).split(".")
-    return int(major) * 10 + int(minor)
+    device = _ffi.default_device()
+    return None if device is None else device[0]
 
 
 def plan(dtype, head_dim: int, *, varlen: bool, options: Options, device_sm: int | None = None):
@@ -330,9 +324,21 @@ def explain(q, k, v, *, varlen=False, causal=False, window_size=(-1, -1), softca
     details = ""
     if path == "kernel":
         details = f", head dim padded to {_ffi.padded_head_dim(head_dim)}"
-        family = _ffi.chosen_family(device_sm or _device_sm(), "fwd", jnp.dtype(q.dtype).name,
-                                    _ffi.padded_head_dim(head_dim), varlen=varlen, mask_mod=mask_mod is not None)
-        group = _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if family == "sm90" else 1
+        width = _ffi.padded_head_dim(head_dim)
+        family = _ffi.chosen_family(device_sm or _device_sm(), "fwd", jnp.dtype(q.dtype).name, width,
+                                    varlen=varlen, mask_mod=mask_mod is not None)
+        splits = 1
+        if family == "sm90" and not varlen:
+            # As the lowering decides (primitives.fwd_num_splits), for the default device's SM count.
+            device = _ffi.default_device()
+            splits = _ffi.sm90_fwd_num_splits(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], width,
+                                              options.window[0], options.softcap > 0, device[1] if device else 0)
+        # The split kernel packs every GQA call.
+        group = (q.shape[-2] // k.shape[-2] if splits > 1 else
+                 _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if family == "sm90" else 1)
         if group > 1:
             details += f"; GQA packed: the {group} query heads of a KV head share each forward tile"
+        if splits > 1:
+            details += (f"; keys split: each forward tile's keys run as {splits} parts on separate CTAs, merged by a "
+                        "second kernel")
     return f"{shape}: {path} ({reason}{details})"

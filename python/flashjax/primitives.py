@@ -103,13 +103,50 @@ def _kernel_lowering(target, optional):
     return lowering
 
 
+def fwd_num_splits(q, k, *, window_left, softcap, **_):
+    """Parts per tile the sm90 forward splits this call's keys into on the default device (1: no split).
+
+    Decided when the call is lowered, from its shapes and the default GPU's SM count (where the sm90 family runs it):
+    a split needs a workspace, which XLA allocates as extra outputs of the FFI call, so its size must be known then.
+    The kernel takes the count as given, so the result is right on any device; only its speed depends on the guess.
+    """
+    device = _ffi.default_device()
+    if device is None or not _ffi.available():
+        return 1
+    device_sm, num_sms = device
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    if _ffi.chosen_family(device_sm, "fwd", jnp.dtype(q.dtype).name, head_dim) != "sm90":
+        return 1
+    return _ffi.sm90_fwd_num_splits(batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, window_left,
+                                    softcap > 0, num_sms)
+
+
+def _fwd_lowering(ctx, q, k, v, sinks, **params):
+    """The forward's FFI call; with split keys, the split target, whose two workspace outputs (fwd_split_workspace
+    _layout in csrc/include/flashjax/workspace.h) exist only inside the lowering: the primitive's outputs stay
+    (out, lse), so autodiff, vmap and the reference lowering never see them."""
+    aval_q, aval_k = ctx.avals_in[0], ctx.avals_in[1]
+    splits = fwd_num_splits(aval_q, aval_k, **params)
+    if splits <= 1:
+        return _kernel_lowering(_ffi.FWD_TARGET, {3: "has_sinks"})(ctx, q, k, v, sinks, **params)
+    _ffi.register_targets()
+    batch, seqlen_q, heads_q, head_dim = aval_q.shape
+    f32 = jnp.float32
+    workspace = [jax.core.ShapedArray((batch, splits, heads_q, seqlen_q, head_dim), f32),
+                 jax.core.ShapedArray((batch, splits, heads_q, seqlen_q), f32)]
+    args = [q, k, v] + ([sinks] if params["has_sinks"] else [])
+    ctx = ctx.replace(avals_in=ctx.avals_in[:len(args)], avals_out=[*ctx.avals_out, *workspace])
+    results = jax.ffi.ffi_lowering(_ffi.FWD_SPLIT_TARGET)(ctx, *args, num_splits=np.int32(splits), **_attrs(params))
+    return results[:2]
+
+
 def _tangent_lowering(ctx, *args, **params):
     raise NotImplementedError(
         "flashjax: forward-mode differentiation (jax.jvp / jax.linearize evaluated) has no kernel yet; "
         "call flash_attn(..., backend='reference') for forward mode. Reverse mode (jax.grad/vjp) runs the kernels.")
 
 
-mlir.register_lowering(fwd_p, _kernel_lowering(_ffi.FWD_TARGET, {3: "has_sinks"}), platform="cuda")
+mlir.register_lowering(fwd_p, _fwd_lowering, platform="cuda")
 mlir.register_lowering(bwd_p, _kernel_lowering(_ffi.BWD_TARGET, {6: "has_dlse", 7: "has_sinks"}), platform="cuda")
 mlir.register_lowering(tangent_p, _tangent_lowering, platform="cuda")
 mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)

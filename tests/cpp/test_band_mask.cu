@@ -168,5 +168,40 @@ TEST(BandMask, SlidingWindowVisitsOnlyTheBand) {
   EXPECT_LE(range.num_blocks(), (1024 + 128) / 64 + 2);
 }
 
+// Split keys (KvBlockRange::part): the parts of a tile's range are consecutive, cover it exactly, differ in length
+// by at most one block, and classify every block as masked or not as the whole range does (the kernel applies the
+// per-element mask to exactly the blocks the range calls masked).
+TEST(KvBlockRange, PartsCoverTheRangeAndKeepTheMaskedBlocks) {
+  std::mt19937 rng(20261201);
+  for (int it = 0; it < 600; ++it) {
+    const RandomBand b = random_band(rng, it);
+    const BandMask band(b.sq, b.sk, b.left, b.right);
+    for (int m_start = 0; m_start < b.sq; m_start += 128) {
+      const KvBlockRange whole = band.kv_blocks<128, 64>(m_start);
+      auto masked = [](const KvBlockRange& r, int n) { return n < r.n_unmasked_begin || n >= r.n_unmasked_end; };
+      for (int parts : {1, 2, 3, 7, 64}) {
+        int next = whole.n_block_min;
+        for (int p = 0; p < parts; ++p) {
+          const KvBlockRange part = whole.part(p, parts);
+          ASSERT_EQ(part.n_block_min, next) << "part " << p << " of " << parts;
+          ASSERT_LE(part.n_block_min, part.n_block_max);
+          ASSERT_LE(part.num_blocks(), whole.num_blocks() / parts + 1);
+          ASSERT_TRUE(part.n_block_min <= part.n_unmasked_begin && part.n_unmasked_begin <= part.n_unmasked_end &&
+                      part.n_unmasked_end <= part.n_block_max);
+          std::vector<int> visited;
+          for (int t = 0; t < part.num_blocks(); ++t) visited.push_back(part.block_at(t));
+          std::sort(visited.begin(), visited.end());
+          for (int t = 0; t < part.num_blocks(); ++t) {
+            ASSERT_EQ(visited[t], part.n_block_min + t) << "block_at visits each block of the part once";
+            ASSERT_EQ(masked(part, visited[t]), masked(whole, visited[t])) << "block " << visited[t];
+          }
+          next = part.n_block_max;
+        }
+        ASSERT_EQ(next, std::max(whole.n_block_max, whole.n_block_min));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashjax::common

@@ -49,7 +49,7 @@ def test_rows_selected_and_reported(run):
     report, _, out = run
     names = [e["row"]["name"] for e in report["rows"]]
     assert names == ["d16-s32-causal", "gqa32:8-d128-s128-causal", "swa8-d128-s128", "decode-d128-sk64",
-                     "decode-gqa32:8-d128-sk64"]
+                     "decode-gqa32:8-d128-sk64", "decode-b1-gqa32:8-d128-sk256", "decode-b1-d128-sk256"]
     assert json.loads((out / "r.json").read_text()) == json.loads(json.dumps(report))
 
 

@@ -198,6 +198,73 @@ def test_gqa_forced_through_each_path(mode):
                              FLASHJAX_SWEEP_SEED=str(SEED)) == "ok"
 
 
+# Split keys (csrc/kernels/sm90/fwd_split_kv.h): where a call's tiles fill at most half of the SMs and its rows see
+# many keys, each tile's KV range runs as parts on separate CTAs, and a second kernel merges their partial O and
+# LSE. Each case is one the rule splits on an H200 (the test checks explain() says so): decode of one sequence (GQA
+# and MHA, a ragged last block, sinks: added once, by the merge), speculative and chunked lengths under causal
+# (Sq < Sk: the diagonal's masked blocks fall in the last part), G 3, D 64 / 96 / 192 / 256, fp16. Gradients run the
+# backward on the merged out and lse.
+SPLIT_KV_CASES = [
+    sweep.Config("bfloat16", 1, 1, 8191, 32, 8, 128, 128, False, (-1, -1), True, 0.0),
+    sweep.Config("float16", 1, 1, 3000, 4, 4, 64, 64, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 2, 16, 5000, 16, 2, 128, 128, True, (-1, -1), True, 0.0),
+    sweep.Config("float16", 1, 5, 1500, 12, 4, 192, 192, False, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 1, 1, 4000, 8, 8, 256, 256, False, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 40, 2000, 4, 1, 96, 96, True, (-1, -1), False, 0.0),
+]
+
+
+@pytest.mark.parametrize("cfg", SPLIT_KV_CASES, ids=str)
+def test_split_keys(cfg):
+    q = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim), cfg.dtype)
+    k = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim), cfg.dtype)
+    text = flashjax.explain(q, k, k, causal=cfg.causal, window_size=cfg.window_size, softcap=cfg.softcap)
+    if "sm90 forward kernel" in text and getattr(jax.devices()[0], "core_count", 0) >= 128:
+        assert "keys split" in text, f"the case no longer reaches the split path: {text}"
+    _assert_fixed_case_matches(cfg, SPLIT_KV_CASES, 70_000)
+
+
+def test_explain_says_where_keys_are_split():
+    def text(batch, seqlen_q, seqlen_k, heads_q, heads_k, **keywords):
+        q = jax.ShapeDtypeStruct((batch, seqlen_q, heads_q, 128), jnp.bfloat16)
+        k = jax.ShapeDtypeStruct((batch, seqlen_k, heads_k, 128), jnp.bfloat16)
+        return flashjax.explain(q, k, k, **keywords)
+    if "sm90 forward kernel" not in text(1, 1, 8192, 32, 8) or getattr(jax.devices()[0], "core_count", 0) < 128:
+        pytest.skip("the sm90 forward does not run here, or on a GPU of fewer SMs than the H100's")
+    assert "keys run as 16 parts" in text(1, 1, 8192, 32, 8)  # 8 tiles, 64 blocks: 16 parts of 4 blocks
+    assert "keys run as 8 parts" in text(1, 1, 32768, 16, 16)  # 16 tiles
+    for whole in (text(64, 1, 8192, 32, 8), text(1, 1, 500, 32, 8), text(1, 4096, 4096, 16, 16),
+                  text(1, 1, 8192, 32, 8, softcap=5.0), text(1, 64, 8192, 32, 8, causal=True, window_size=(100, 0))):
+        assert "keys split" not in whole, whole
+
+
+# FLASHJAX_SM90_SPLIT_KV=n splits every call the split kernel serves into n parts, also where the rule would not:
+# many tiles (the parts fold into the scheduler's batch: pairs of uneven causal tiles and tails planned on the host
+# walk them), windows (parts of a banded range, masked blocks at both ends), Sq > Sk causal (rows that see no key
+# in any part: lse -inf, or the sink), more parts than blocks (empty parts), GQA packed and not, softcap (not split:
+# the split kernel has none), Sk = 0. The split cases above run with 3 and with 64 parts.
+FORCED_SPLIT_CASES = SPLIT_KV_CASES + [
+    sweep.Config("bfloat16", 2, 700, 900, 8, 2, 128, 128, True, (-1, -1), True, 0.0),
+    sweep.Config("float16", 1, 300, 2000, 4, 4, 64, 64, False, (300, 40), False, 0.0),
+    sweep.Config("bfloat16", 2, 500, 200, 6, 2, 256, 256, True, (-1, -1), True, 0.0),
+    sweep.Config("bfloat16", 3, 9, 150, 8, 1, 192, 192, False, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 3, 900, 8, 2, 128, 128, False, (-1, -1), True, 7.0),
+    sweep.Config("float16", 2, 9, 0, 8, 2, 96, 96, False, (-1, -1), True, 0.0),
+]
+
+
+def _forced_split_cases():
+    for cfg in FORCED_SPLIT_CASES:
+        _assert_fixed_case_matches(cfg, FORCED_SPLIT_CASES, 80_000)
+    return "ok"
+
+
+@pytest.mark.parametrize("parts", ["3", "64"])
+def test_keys_forced_into_parts(parts):
+    assert _in_fresh_process("_forced_split_cases()", 900, FLASHJAX_SM90_SPLIT_KV=parts,
+                             FLASHJAX_SWEEP_SEED=str(SEED)) == "ok"
+
+
 # Scores that grow along the keys (keys scaled from 0.5 to 12 along the sequence, so a row's max keeps rising by
 # tens in the log2 domain): the online softmax must rescale O whenever its reference max moves. The D 256 kernel
 # moves it only when the max grew past 2^8 (lazy rescale, csrc/kernels/sm90/fwd_softmax.cuh) and keeps it

@@ -56,12 +56,14 @@ struct Config {
   bool dlse;  // pass a cotangent for lse (the backward's optional input)
   const char* what;
   int head_dim = 0;  // the variant to run: 0 takes the configs' rotation over the variants, else this head dim's first
+  int num_splits = 1;  // > 1: the forward splits keys into this many parts (sm90; other families ignore it)
 };
 
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
 // causal, windows that empty rows, sinks, softcap, and empty sequences on either side. The sm90 forward packs the
 // GQA configs with short Sq (fwd_pack_gqa.h: 130/77, 1/300, 77/300, 9/300). A config with a head dim runs that
-// variant only: the last reaches sm90's D 256 kernel for unbanded rows of at most 512 keys (128 x 64 tiles).
+// variant only: config 13 reaches sm90's D 256 kernel for unbanded rows of at most 512 keys (128 x 64 tiles). The last
+// two split keys (sm90's split kernel and its combine, fwd_split_kv.h; the parts' workspace poisoned).
 const Config kConfigs[] = {
     {2, 77, 130, 4, 2, -1, -1, false, 0.f, false, "full attention, ragged Sq < Sk, GQA 4/2"},
     {1, 130, 77, 4, 2, -1, -1, false, 5.f, true, "full attention, Sq > Sk, softcap 5, dlse"},
@@ -78,6 +80,9 @@ const Config kConfigs[] = {
     {2, 9, 300, 16, 2, -1, 0, true, 0.f, true, "GQA 16/2 packed (8 heads per sm90 tile), causal Sq 9 < Sk, sinks"},
     {2, 300, 500, 4, 2, -1, -1, true, 0.f, true, "full attention, Sk 500 (sm90 D 256: 128 x 64 tiles), sinks, dlse",
      256},
+    {1, 1, 1500, 8, 2, -1, -1, true, 0.f, false, "decode, keys split into 6 parts (sm90), GQA 8/2 packed, sinks", 0, 6},
+    {2, 300, 130, 4, 2, -1, 0, true, 0.f, true, "causal Sq > Sk, keys split into 3 parts: empty rows and parts", 128,
+     3},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -282,6 +287,15 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   fp.sinks = sinks;
   fp.o = o;
   fp.lse = lse;
+  if (c.num_splits > 1) {  // the workspace as Python sizes it, poisoned: the combine must read only what parts wrote
+    const flashjax::FwdSplitWorkspaceLayout split =
+        flashjax::fwd_split_workspace_layout(c.batch, c.num_splits, c.heads_q, c.seqlen_q, D);
+    fp.num_splits = c.num_splits;
+    fp.o_partial = arena.alloc<float>(split.o_partial);
+    fp.lse_partial = arena.alloc<float>(split.lse_partial);
+    poison(fp.o_partial, 4 * split.o_partial);
+    poison(fp.lse_partial, 4 * split.lse_partial);
+  }
   CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
   if (const cudaError_t err = launch(*variant.fwd, fp, stream); err != cudaSuccess) {
     throw Failure{std::string("forward launch: ") + cudaGetErrorString(err)};

@@ -51,6 +51,12 @@ struct FwdParams : AttnShape {
   const float* sinks = nullptr;  // optional [Hq] logits joining each row's denominator
   void* o = nullptr;
   float* lse = nullptr;  // natural-log LSE including the sink term; -inf for an empty row without sinks
+  // Split keys (sm90 only, csrc/kernels/sm90/fwd_split_kv.h): num_splits > 1 asks for that many parts per tile, with
+  // the f32 workspace Python allocated by fwd_split_workspace_layout (flashjax/workspace.h). A family that does
+  // not split, or a call the split kernel does not serve, ignores them.
+  int32_t num_splits = 1;
+  float* o_partial = nullptr;    // [B, num_splits, Hq, Sq, D]
+  float* lse_partial = nullptr;  // [B, num_splits, Hq, Sq]
 };
 
 // Backward: (q, k, v, o, lse, do, dlse[, sinks]) -> (dq, dk, dv[, dsinks]).

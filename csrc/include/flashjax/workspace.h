@@ -1,6 +1,7 @@
 // Sizes of the backward's f32 workspace (BwdParams::dq_accum, dpsum, lse_log2): the one definition that the FFI
 // handler checks XLA's buffers against, the C API reports to Python (build info "bwd_seqlen_q_rounding", from
-// which primitives.py sizes the buffers it declares) and tests/sanitize allocates by.
+// which primitives.py sizes the buffers it declares) and tests/sanitize allocates by. Likewise the split-keys
+// forward's (FwdParams::o_partial, lse_partial).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,21 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int32_t batch, int32_t heads_q
   layout.seqlen_q_rounded = bwd_seqlen_q_rounded(seqlen_q);
   layout.per_row = int64_t(batch) * heads_q * layout.seqlen_q_rounded;
   layout.dq_accum = layout.per_row * head_dim;
+  return layout;
+}
+
+// The split-keys forward's f32 workspace: a partial O and LSE per part of every query row, [B, num_splits, Hq, Sq, D]
+// and [B, num_splits, Hq, Sq] (batch first, so that vmap's folding of a mapped axis into B keeps the layout).
+struct FwdSplitWorkspaceLayout {
+  int64_t lse_partial = 0;  // floats: B * num_splits * Hq * Sq
+  int64_t o_partial = 0;    // floats: lse_partial * D
+};
+
+constexpr FwdSplitWorkspaceLayout fwd_split_workspace_layout(int32_t batch, int32_t num_splits, int32_t heads_q,
+                                                             int32_t seqlen_q, int32_t head_dim) {
+  FwdSplitWorkspaceLayout layout;
+  layout.lse_partial = int64_t(batch) * num_splits * heads_q * seqlen_q;
+  layout.o_partial = layout.lse_partial * head_dim;
   return layout;
 }
 

@@ -35,6 +35,17 @@ struct KvBlockRange {
     if (t < num_masked_total) return n_unmasked_begin - 1 - (t - num_right_masked);
     return n_unmasked_end - 1 - (t - num_masked_total);
   }
+  // Part `index` of `parts` near-equal runs of consecutive blocks (split keys: each part is a tile's KV range of its
+  // own, masked blocks still classified by the full band). Parts may be empty where parts > num_blocks().
+  __host__ __device__ KvBlockRange part(int index, int parts) const {
+    const int n = num_blocks();
+    KvBlockRange range;
+    range.n_block_min = n_block_min + int(int64_t(n) * index / parts);
+    range.n_block_max = n_block_min + int(int64_t(n) * (index + 1) / parts);
+    range.n_unmasked_end = min(max(n_unmasked_end, range.n_block_min), range.n_block_max);
+    range.n_unmasked_begin = min(max(n_unmasked_begin, range.n_block_min), range.n_unmasked_end);
+    return range;
+  }
 };
 
 // Per-element half of the band for one query tile, reduced to three integers so that little state stays live in

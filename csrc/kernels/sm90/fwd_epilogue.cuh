@@ -22,6 +22,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "flashjax/params.h"
+
 #include "kernels/common/sm90_wgmma.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
 
@@ -83,6 +85,16 @@ struct FwdEpilogueSm90 {
                                          Shape<Int<kChunkRows>, HeadDim>{}, _1{});
     }
     return params;
+  }
+
+  // The call's O and LSE (FwdParams: O [B, Sq, Hq, D] with its strides, LSE [B, Hq, Sq]).
+  static Params to_params(const FwdParams& params) {
+    return to_params(Arguments{static_cast<Element*>(params.o),
+                               {params.seqlen_q, Mainloop::kHeadDim, params.heads_q, params.batch},
+                               {params.o_row_stride, cute::_1{}, params.o_head_stride, params.o_batch_stride},
+                               params.lse,
+                               params.lse_batch_stride,
+                               params.lse_head_stride});
   }
 
   __device__ static void prefetch_tma_descriptors(const Params& params) {

@@ -29,6 +29,7 @@
 #include "kernels/sm90/fwd_mainloop.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
 #include "kernels/sm90/fwd_softmax.cuh"
+#include "kernels/sm90/fwd_split_epilogue.cuh"
 #include "kernels/sm90/fwd_tile_scheduler.cuh"
 #include "kernels/sm90/fwd_tile_sizes.cuh"
 
@@ -57,8 +58,10 @@ struct FwdBufferPlan {
 
 // kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its answers); kPackGqa: tiles hold the
 // query heads of a KV head (fwd_query_tiling.cuh; the launcher picks by fwd_pack_gqa.h); kSoftcap: compiled for
-// soft-capped calls (the launcher picks by the call's softcap).
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap, bool kPackGqa>
+// soft-capped calls (the launcher picks by the call's softcap); kSplitKv: each tile runs one part of a query tile's
+// KV range and writes partial results to the workspace (fwd_split_kv.h, fwd_split_epilogue.cuh).
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap, bool kPackGqa,
+          bool kSplitKv = false>
 struct FwdKernelSm90 {
   // The first plan whose shared memory fits is taken. A third K stage comes first: K is waited on right after the
   // ping-pong turn is granted, so a late K idles the tensor cores (ncu on D = 128 S = 4k: 6% of all warp samples
@@ -76,7 +79,8 @@ struct FwdKernelSm90 {
   static constexpr int kPlan = kPlanFits<0> ? 0 : kPlanFits<1> ? 1 : kPlanFits<2> ? 2 : kPlanFits<3> ? 3 : 4;
   static constexpr bool kOwnOBuffer = kPlans[kPlan].own_o;
   using Mainloop = MainloopOf<kPlan>;
-  using Epilogue = FwdEpilogueSm90<Mainloop>;
+  static constexpr bool kSplit = kSplitKv;
+  using Epilogue = std::conditional_t<kSplitKv, FwdSplitEpilogueSm90<Mainloop>, FwdEpilogueSm90<Mainloop>>;
   using Scheduler = FwdTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN>;
   static_assert(kBlockM == Mainloop::kBlockM, "the M tile is whole 64-row consumer warpgroups");
   static_assert(Mainloop::kConsumerWarpgroups == 2 || Mainloop::kConsumerWarpgroups == 3);
@@ -196,6 +200,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       } else {
         blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
       }
+      if constexpr (Kernel::kSplit) blocks = params.epilogue.part_of(blocks, tile.batch);
       if (!blocks.empty()) return ScheduledTile{tile_index, tile, blocks};
       skipped(tile);
     }
@@ -221,9 +226,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
          scheduled.index < params.scheduler.num_tiles;
          scheduled = next_tile_with_work(next_position(scheduled.index), load_nothing)) {
       const auto& tile = scheduled.tile;
-      // A packed tile's head is its KV head already (group = heads_per_kv).
+      // A packed tile's head is its KV head already (group = heads_per_kv). A split kernel's tiles carry their part
+      // in the batch coordinate.
+      int batch = tile.batch;
+      if constexpr (Kernel::kSplit) batch = params.epilogue.batch_of(tile.batch);
       const typename Mainloop::LoadCoords at{tile.m_block, tile.head,
-                                             tile.head * params.tiling.group / params.heads_per_kv, tile.batch};
+                                             tile.head * params.tiling.group / params.heads_per_kv, batch};
       if (producer_warp == 0) {
         Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, write_k, leader,
                            typename Mainloop::QuerySlot(tiles_with_work++), params.tiling, at, scheduled.blocks);
@@ -258,10 +266,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
   };
   // Each row's sink logit in log2 units (-inf without sinks): the tile's head's, or each row's own where GQA is
-  // packed.
+  // packed. A split kernel's parts leave the sink to the combine, which adds it once.
   auto sink_log2_of = [&](const typename Scheduler::Tile& tile, float (&sink_log2)[2]) {
     auto sink_of = [&](int head_q) {
-      return params.sinks != nullptr ? params.sinks[head_q] * common::kLog2e : -INFINITY;
+      return params.sinks != nullptr && !Kernel::kSplit ? params.sinks[head_q] * common::kLog2e : -INFINITY;
     };
     if constexpr (Mainloop::kPackGqa) {
       Row rows[2];

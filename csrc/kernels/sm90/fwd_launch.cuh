@@ -17,6 +17,8 @@
 #include "flashjax/params.h"
 #include "kernels/sm90/fwd_kernel.cuh"
 #include "kernels/sm90/fwd_pack_gqa.h"
+#include "kernels/sm90/fwd_split_combine.cuh"
+#include "kernels/sm90/fwd_split_kv.h"
 #include "kernels/sm90/launch.h"
 
 namespace flashjax::sm90 {
@@ -112,13 +114,17 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
   if (err != cudaSuccess) return err;
   if (const int cap = max_ctas_for_tests(); cap > 0 && cap < num_sms) num_sms = cap;
   const typename Mainloop::QueryTiling tiling(group, params.seqlen_q);
-  const typename Scheduler::Params scheduler = scheduler_params<Scheduler>(params, tiling, num_sms);
+  // A split kernel walks every part of every tile: the parts fold into the batch coordinate (fwd_split_epilogue.cuh).
+  AttnShape walk = params;
+  if constexpr (Kernel::kSplit) walk.batch = params.batch * params.num_splits;
+  const typename Scheduler::Params scheduler = scheduler_params<Scheduler>(walk, tiling, num_sms);
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
       !tma_compatible<Element>(params.k, params.k_row_stride, params.k_head_stride, params.k_batch_stride) ||
       !tma_compatible<Element>(params.v, params.v_row_stride, params.v_head_stride, params.v_batch_stride) ||
-      !tma_compatible<Element>(params.o, params.o_row_stride, params.o_head_stride, params.o_batch_stride)) {
+      (!Kernel::kSplit &&
+       !tma_compatible<Element>(params.o, params.o_row_stride, params.o_head_stride, params.o_batch_stride))) {
     return cudaErrorInvalidValue;
   }
 
@@ -134,15 +140,8 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
       {params.q_row_stride, cute::_1{}, params.q_head_stride, params.q_batch_stride},
       {params.k_row_stride, cute::_1{}, params.k_head_stride, params.k_batch_stride},
       {params.v_row_stride, cute::_1{}, params.v_head_stride, params.v_batch_stride}};
-  const typename Epilogue::Arguments epilogue_args{
-      static_cast<Element*>(params.o),
-      {params.seqlen_q, kHeadDim, params.heads_q, params.batch},
-      {params.o_row_stride, cute::_1{}, params.o_head_stride, params.o_batch_stride},
-      params.lse,
-      params.lse_batch_stride,
-      params.lse_head_stride};
   const typename Kernel::Params kernel_params{Mainloop::to_params(mainloop_args),
-                                              Epilogue::to_params(epilogue_args),
+                                              Epilogue::to_params(params),
                                               scheduler,
                                               params.seqlen_q,
                                               params.seqlen_k,
@@ -212,6 +211,27 @@ cudaError_t launch_packed(const FwdParams& params, int group, cudaStream_t strea
                                                                                                     stream);
 }
 
+// The split-keys kernel: kFew's tiles, packed (any group, 1 included: fwd_split_epilogue.cuh indexes rows by query
+// head), no softcap. One kernel per instantiation.
+template <typename Element, int kHeadDim>
+using FwdSplitKernel = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_m,
+                                     fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_n, false, true, true>;
+
+// Split keys (fwd_split_kv.h): the parts into the workspace, then the combine into O and LSE. The combine is an
+// ordinary launch, so it starts after every part is written.
+template <typename Element, int kHeadDim>
+cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
+  if (params.o_partial == nullptr || params.lse_partial == nullptr || params.num_splits > kMaxKvSplits) {
+    return cudaErrorInvalidValue;
+  }
+  cudaError_t err = launch_kernel<FwdSplitKernel<Element, kHeadDim>>(params, params.heads_q / params.heads_k, stream);
+  const int64_t rows = int64_t(params.batch) * params.heads_q * params.seqlen_q;
+  if (err != cudaSuccess || rows == 0) return err;
+  fwd_split_combine_kernel<Element, kHeadDim>
+      <<<static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), kCombineWarps * 32, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
 }  // namespace detail
 
 template <typename Element, int kHeadDim>
@@ -220,6 +240,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
+  // Python asked for parts (fwd_num_splits, at lowering); the split kernel has no softcap, so capped calls run whole.
+  if (params.num_splits > 1 && params.softcap <= 0.f) return detail::launch_split<Element, kHeadDim>(params, stream);
   if (const int group = fwd_pack_group(params.seqlen_q, params.heads_q, params.heads_k, pack_gqa_mode()); group > 1) {
     return detail::launch_packed<Element, kHeadDim>(params, group, stream);
   }
@@ -244,7 +266,8 @@ int fwd_smem_bytes() {
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
   constexpr int kManyShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyShortRows>::kSmemBytes;
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
-  return std::max({kShort, kFew, kMany, kManyShort, kPacked});
+  constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim>::kSmemBytes;
+  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit});
 }
 
 }  // namespace flashjax::sm90
