@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]   stages: build info tests tests_capped tests_packed tests80 sanitize bench ncu
+#   tools/device_check.sh [stage ...]   stages: build info tests tests_capped tests_packed tests_split tests80 sanitize
+#                                        bench ncu
 #                                        (default: all but build and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
-#   FLASHJAX_SWEEP_N (sweep size; CAPPED_SWEEP_N and PACKED_SWEEP_N for those stages), FLASHJAX_TEST_JOBS
-#   (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
+#   FLASHJAX_SWEEP_N (sweep size; CAPPED_SWEEP_N, PACKED_SWEEP_N, SPLIT_SWEEP_N for those stages; SPLIT_PARTS),
+#   FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
 #   SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_MODES (default "default sm80"),
 #   SANITIZE_ARGS (flashjax_sanitize flags, e.g. "--only 3"), SANITIZE_DRIVER (the driver binary; default: the one
 #   the build stage made), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL (the
@@ -24,7 +25,7 @@ fi
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PEERS:+:$PEERS}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
-STAGES=${*:-info tests tests_capped tests_packed tests80 sanitize bench}
+STAGES=${*:-info tests tests_capped tests_packed tests_split tests80 sanitize bench}
 declare -A RESULT
 
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -72,6 +73,12 @@ if stage tests_packed; then
   # the rule would not pack (long sequences, 192-row tiles, planned tails); the default stage packs only short ones.
   FLASHJAX_SM90_PACK_GQA=1 FLASHJAX_SWEEP_N=${PACKED_SWEEP_N:-60} \
     run_gpu_tests default packed -k "sweep or tile or several or past_the_last_row or packed_gqa"
+fi
+if stage tests_split; then
+  # Every uncapped sm90 forward of the sweep with its keys split into SPLIT_PARTS parts (FLASHJAX_SM90_SPLIT_KV; the
+  # split kernel packs every GQA call), also where the rule would not split: long sequences, windows, empty rows.
+  FLASHJAX_SM90_SPLIT_KV=${SPLIT_PARTS:-5} FLASHJAX_SWEEP_N=${SPLIT_SWEEP_N:-60} \
+    run_gpu_tests default split -k "sweep or tile or several or past_the_last_row or split_keys"
 fi
 if stage tests80; then run_gpu_tests sm80; fi
 if stage sanitize; then
@@ -146,7 +153,7 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info tests_default tests_capped tests_packed tests_sm80 sanitize memcheck_default memcheck_sm80 \
+for key in build info tests_default tests_capped tests_packed tests_split tests_sm80 sanitize memcheck_default memcheck_sm80 \
            racecheck_default racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"

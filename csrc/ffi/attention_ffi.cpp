@@ -252,6 +252,19 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   return launch(ordinal, Direction::kBwd, p, stream);
 }
 
+// What both forward targets bind first: context, q, k, v, the optional operands, o and lse.
+auto fwd_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()         // q
+      .Arg<ffi::AnyBuffer>()         // k
+      .Arg<ffi::AnyBuffer>()         // v
+      .RemainingArgs()               // sinks [Hq] f32 (see OptionalOperands)
+      .Ret<ffi::AnyBuffer>()         // o
+      .Ret<ffi::Buffer<ffi::F32>>();  // lse [B, Hq, Sq]
+}
+
 }  // namespace
 }  // namespace flashjax
 
@@ -259,15 +272,7 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
 // flashjax_*). Attributes are bound in name order, the order XLA passes them in.
 #pragma GCC visibility push(default)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()            // q
-                                  .Arg<ffi::AnyBuffer>()            // k
-                                  .Arg<ffi::AnyBuffer>()            // v
-                                  .RemainingArgs()                  // sinks [Hq] f32 (see OptionalOperands)
-                                  .Ret<ffi::AnyBuffer>()            // o
-                                  .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
+                              flashjax::fwd_binding()
                                   .Attr<bool>("has_sinks")
                                   .Attr<float>("softcap")
                                   .Attr<float>("softmax_scale")
@@ -276,15 +281,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()            // q
-                                  .Arg<ffi::AnyBuffer>()            // k
-                                  .Arg<ffi::AnyBuffer>()            // v
-                                  .RemainingArgs()                  // sinks [Hq] f32 (see OptionalOperands)
-                                  .Ret<ffi::AnyBuffer>()            // o
-                                  .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
+                              flashjax::fwd_binding()
                                   .Ret<ffi::Buffer<ffi::F32>>()     // workspace: o_partial [B, splits, Hq, Sq, D]
                                   .Ret<ffi::Buffer<ffi::F32>>()     // workspace: lse_partial [B, splits, Hq, Sq]
                                   .Attr<bool>("has_sinks")
