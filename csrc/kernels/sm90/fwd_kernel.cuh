@@ -71,7 +71,7 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa>;
+                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =
@@ -297,7 +297,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       Row rows[2];
       rows_of(scheduled.tile, rows);
       const int positions[2] = {rows[0].position, rows[1].position};
-      return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.rows_mask(positions)};
+      typename Mainloop::ConsumerTile work{q_slot, scheduled.blocks, band.rows_mask(positions)};
+      if constexpr (Mainloop::kSkipIdle) {
+        // The warpgroup's first row has its smallest position (chunks are numbered position-major).
+        const Row first = params.tiling.row(scheduled.tile.m_block, scheduled.tile.head,
+                                            consumer_wg * Mainloop::kRowsPerWarpgroup);
+        work.idle = first.position >= params.seqlen_q;
+      }
+      return work;
     } else {
       const int m_start = scheduled.tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup;
       return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.tile_mask(m_start)};
@@ -343,11 +350,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         // The next tile's first GEMM goes out with this tile's last one (its Q has a buffer of its own), and runs
         // while this tile's epilogue does.
         Mainloop::tail_and_prefetch(shared.tensors, shared.barriers, pipeline_k, pipeline_v, state, next_work,
-                                    consumer_wg, thread_in_wg, acc_o);
+                                    consumer_wg, thread_in_wg, acc_o, work.idle);
         store_tile(tile, work);
         Mainloop::finish_prefetch(pipeline_k, state, next_work, thread_in_wg, transform, acc_o, softmax);
       } else {
-        Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
+        Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o, work.idle);
         store_tile(tile, work);
         Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, next_work, consumer_wg,
                               thread_in_wg, transform, acc_o, softmax);
@@ -355,7 +362,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       tile = next_tile;
       work = next_work;
     }
-    Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
+    Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o, work.idle);
     store_tile(tile, work);
   }
   Epilogue::drain(thread_in_wg);

@@ -29,7 +29,7 @@
 namespace flashjax::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
-          int kQStages_, bool kSoftcap_, bool kPackGqa_>
+          int kQStages_, bool kSoftcap_, bool kPackGqa_, bool kSkipIdle_ = false>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -78,6 +78,11 @@ struct FwdMainloopSm90 {
   static constexpr int kQElems = kConsumerWarpgroups * kQHalfElems;      // one Q buffer
 
   static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
+  // A warpgroup whose rows all lie past Sq (ConsumerTile::idle) skips its GEMMs and softmax, keeping its ping-pong
+  // turns and stage releases. Compiled into the split-keys kernel only, whose decode-sized packed tiles leave the
+  // second warpgroup all padding (GQA 32:8 decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and
+  // the checks would sit in the per-tile path of every kernel.
+  static constexpr bool kSkipIdle = kSkipIdle_;
   using QueryTiling = FwdQueryTiling<kBlockM, kPackGqa>;
   // Packed GQA's 8-row chunks: rows [8j, 8j + 8) of a 64-row half are its j-th swizzle atom (tile_to_shape stacks
   // the atoms along M first), so chunk j lies kQChunkElems * j elements in, with the atom's own layout and swizzle
@@ -336,6 +341,7 @@ struct FwdMainloopSm90 {
     common::KvBlockRange blocks;
     // The band mask of the warpgroup's rows (consecutive positions), or where GQA is packed of this thread's two.
     std::conditional_t<kPackGqa, common::RowsMask<2>, common::TileMask> mask;
+    bool idle = false;  // kSkipIdle only: every row of the warpgroup lies past Sq
   };
 
   // The warpgroup-local rows (0..63) of this thread's score and O fragments, in the fragments' row order: the band
@@ -442,6 +448,13 @@ struct FwdMainloopSm90 {
     Operands ops(thread_in_wg);
     Tensor tSrQ = ops.q(tensors, tile.q_slot, warpgroup);
     Tensor tSrK = ops.k(tensors);
+    if constexpr (kSkipIdle) {
+      if (tile.idle) {
+        pipeline_k.consumer_wait(state.read_k);
+        release(pipeline_k, state.read_k);
+        return;
+      }
+    }
     barriers.q[tile.q_slot.buffer].wait(tile.q_slot.phase);
     pipeline_k.consumer_wait(state.read_k);
     common::wgmma_gemm</*kZeroInit=*/true, /*kWaitGroups=*/0>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()),
@@ -515,6 +528,22 @@ struct FwdMainloopSm90 {
     Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
     const int num_blocks = tile.blocks.num_blocks();
     const int num_masked = tile.blocks.num_masked();
+    if constexpr (kSkipIdle) {
+      if (tile.idle) {  // the turns pace the releases: each stage is released after the turn that saw it land
+        CUTE_NO_UNROLL
+        for (int t = 1; t < num_blocks; ++t) {
+          take_turn(warpgroup);
+          if (warpgroup == 0) {
+            pipeline_k.consumer_wait(state.read_k);
+            pipeline_v.consumer_wait(state.read_v);
+          }
+          pass_turn(warpgroup);
+          release(pipeline_k, state.read_k);
+          release(pipeline_v, state.read_v);
+        }
+        return;
+      }
+    }
     CUTE_NO_UNROLL
     for (int t = 1; t < num_masked; ++t) {
       steady_step<true>(pipeline_k, pipeline_v, state, ops, tSrQ, tSrK, tOrV, acc_o_rc, tile, t, warpgroup, transform,
@@ -530,13 +559,15 @@ struct FwdMainloopSm90 {
   // The tile's last PV GEMM, on the warpgroup's turn. Returns with acc_o complete (the kernel's epilogue reads it).
   template <typename AccO>
   __device__ __forceinline__ static void tail(TensorStorage& tensors, PipelineV& pipeline_v, ConsumerState& state,
-                                              int warpgroup, int thread_in_wg, AccO& acc_o) {
+                                              int warpgroup, int thread_in_wg, AccO& acc_o, bool idle = false) {
     using namespace cute;
     Operands ops(thread_in_wg);
     Tensor tOrV = ops.vt(tensors);
     take_turn(warpgroup);
     pipeline_v.consumer_wait(state.read_v);
-    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+    if (!kSkipIdle || !idle) {
+      common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+    }
     pass_turn(warpgroup);
     wait_for_pv(pipeline_v, state, acc_o);
   }
@@ -547,7 +578,8 @@ struct FwdMainloopSm90 {
   __device__ __forceinline__ static void tail_and_prefetch(TensorStorage& tensors, BarrierStorage& barriers,
                                                            PipelineK& pipeline_k, PipelineV& pipeline_v,
                                                            ConsumerState& state, const ConsumerTile& next,
-                                                           int warpgroup, int thread_in_wg, AccO& acc_o) {
+                                                           int warpgroup, int thread_in_wg, AccO& acc_o,
+                                                           bool idle = false) {
     using namespace cute;
     static_assert(kCanPrefetchQuery);
     Operands ops(thread_in_wg);
@@ -556,12 +588,27 @@ struct FwdMainloopSm90 {
     Tensor tSrK = ops.k(tensors);
     take_turn(warpgroup);
     pipeline_v.consumer_wait(state.read_v);
-    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
-    barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
-    pipeline_k.consumer_wait(state.read_k);
-    common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
-    pass_turn(warpgroup);
-    warpgroup_wait<1>();  // the PV GEMM is complete; S_0 may still run
+    if constexpr (kSkipIdle) {  // idle: this tile's rows (no PV GEMM), next.idle: the next tile's (no S_0)
+      if (!idle) common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+      pipeline_k.consumer_wait(state.read_k);
+      if (!next.idle) {
+        barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
+        common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
+      }
+      pass_turn(warpgroup);
+      if (next.idle) {
+        warpgroup_wait<0>();  // the PV GEMM, if any, is the one in flight
+      } else {
+        warpgroup_wait<1>();
+      }
+    } else {
+      common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+      barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
+      pipeline_k.consumer_wait(state.read_k);
+      common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
+      pass_turn(warpgroup);
+      warpgroup_wait<1>();  // the PV GEMM is complete; S_0 may still run
+    }
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);
     release(pipeline_v, state.read_v);
@@ -577,6 +624,7 @@ struct FwdMainloopSm90 {
     warpgroup_wait<0>();
     warpgroup_fence_operand(state.s);
     release(pipeline_k, state.read_k);
+    if (kSkipIdle && tile.idle) return;
     first_block_softmax(state, ops, tile, transform, acc_o, softmax);
   }
 };
