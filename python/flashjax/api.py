@@ -328,11 +328,10 @@ def explain(q, k, v, *, varlen=False, causal=False, window_size=(-1, -1), softca
         family = _ffi.chosen_family(device_sm or _device_sm(), "fwd", jnp.dtype(q.dtype).name, width,
                                     varlen=varlen, mask_mod=mask_mod is not None)
         splits = 1
-        if family == "sm90" and not varlen:
-            # As the lowering decides (primitives.fwd_num_splits), for the default device's SM count.
-            device = _ffi.default_device()
-            splits = _ffi.sm90_fwd_num_splits(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], width,
-                                              options.window[0], options.softcap > 0, device[1] if device else 0)
+        if family == "sm90" and not varlen:  # the lowering's decision, for the default device's SM count
+            padded_q = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (width,), q.dtype)
+            splits = primitives.fwd_num_splits(padded_q, k, window_left=options.window[0], softcap=options.softcap,
+                                               device_sm=device_sm)
         # The split kernel packs every GQA call.
         group = (q.shape[-2] // k.shape[-2] if splits > 1 else
                  _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if family == "sm90" else 1)

@@ -103,22 +103,28 @@ def _kernel_lowering(target, optional):
     return lowering
 
 
-def fwd_num_splits(q, k, *, window_left, softcap, **_):
-    """Parts per tile the sm90 forward splits this call's keys into on the default device (1: no split).
+def fwd_num_splits(q, k, *, window_left, softcap, device_sm=None, **_):
+    """Parts per tile the sm90 forward splits this call's keys into (1: no split). q and k: arrays, avals or
+    ShapeDtypeStructs, q at the compiled head width. device_sm: the GPU to ask about (explain's), else the default
+    device's; the SM count is always the default device's (0, no split but a forced one, off a GPU).
 
     Decided when the call is lowered, from its shapes and the default GPU's SM count (where the sm90 family runs it):
     a split needs a workspace, which XLA allocates as extra outputs of the FFI call, so its size must be known then.
     The kernel takes the count as given, so the result is right on any device; only its speed depends on the guess.
     """
     device = _ffi.default_device()
-    if device is None or not _ffi.available():
+    device_sm = device_sm or (device[0] if device is not None else None)
+    if device_sm is None or not _ffi.available():
         return 1
-    device_sm, num_sms = device
+    num_sms = device[1] if device is not None else 0
     batch, seqlen_q, heads_q, head_dim = q.shape
     if _ffi.chosen_family(device_sm, "fwd", jnp.dtype(q.dtype).name, head_dim) != "sm90":
         return 1
     return _ffi.sm90_fwd_num_splits(batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, window_left,
                                     softcap > 0, num_sms)
+
+
+_plain_fwd_lowering = _kernel_lowering(_ffi.FWD_TARGET, {3: "has_sinks"})
 
 
 def _fwd_lowering(ctx, q, k, v, sinks, **params):
@@ -128,7 +134,7 @@ def _fwd_lowering(ctx, q, k, v, sinks, **params):
     aval_q, aval_k = ctx.avals_in[0], ctx.avals_in[1]
     splits = fwd_num_splits(aval_q, aval_k, **params)
     if splits <= 1:
-        return _kernel_lowering(_ffi.FWD_TARGET, {3: "has_sinks"})(ctx, q, k, v, sinks, **params)
+        return _plain_fwd_lowering(ctx, q, k, v, sinks, **params)
     _ffi.register_targets()
     batch, seqlen_q, heads_q, head_dim = aval_q.shape
     f32 = jnp.float32
