@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-IMPLS = ("cudnn", "xla", "pallas", "fa3", "flashjax")
+IMPLS = ("cudnn", "xla", "pallas", "fa3", "fa3kv", "flashjax")
 REFERENCE_IMPLS = ("cudnn", "xla")  # correctness is judged against the first of these that ran
 REL_ERR_LIMIT = 2e-2  # bf16 kernels agree to ~5e-3; anything past this is a bug, not rounding
 XLA_MAX_SCORES = 4096 * 4096  # per (batch, head): XLA materializes Sq x Sk scores and probabilities
@@ -44,6 +44,7 @@ class Row:
     head_dim: int
     causal: bool
     window: tuple = (-1, -1)  # (left, right) as in flash_attn's window_size; -1 = unbounded
+    softcap: float = 0.0  # c * tanh(scores / c) where > 0 (Gemma 2, Grok); cuDNN, Pallas and this FA3 wheel have none
 
     @property
     def scale(self):
@@ -110,6 +111,9 @@ def grid_rows(tokens, hidden, head_dims, seqlens):
     # the SMs, unless the keys are split across CTAs.
     rows.append(Row(f"decode-b1-gqa32:8-d128-sk{2 * tokens}", 1, 1, 2 * tokens, 32, 8, 128, False))
     rows.append(Row(f"decode-b1-d128-sk{2 * tokens}", 1, 1, 2 * tokens, 16, 16, 128, False))
+    # The same GQA decode with scores soft-capped at 30: only flashjax and the reference ("xla" column) run it.
+    rows.append(Row(f"decode-b1-gqa32:8-d128-sk{2 * tokens}-cap30", 1, 1, 2 * tokens, 32, 8, 128, False,
+                    softcap=30.0))
     return rows
 
 
@@ -121,9 +125,16 @@ def attention_fn(impl, row, flashjax_backend):
     """(q, k, v) -> out for `impl`, or raise. Peers use top-left alignment for is_causal and windows, which
     equals ours because every causal or windowed row has Sq == Sk (decode rows are full attention)."""
     window = None if row.window == (-1, -1) else row.window
+    if row.softcap > 0 and impl in ("cudnn", "pallas", "fa3", "fa3kv"):
+        raise Unsupported("no softcap")
     if impl in ("cudnn", "xla"):
         if impl == "xla" and row.seqlen_q * row.seqlen_k > XLA_MAX_SCORES:
             raise Unsupported("Sq*Sk above 4096^2: XLA materializes the score matrix")
+        if row.softcap > 0:  # jax.nn.dot_product_attention has no softcap: flashjax's pure-JAX reference, on XLA
+            import flashjax
+            return lambda q, k, v: flashjax.flash_attn(
+                q, k, v, causal=row.causal, window_size=row.window, softmax_scale=row.scale, softcap=row.softcap,
+                backend="reference")
         return lambda q, k, v: jax.nn.dot_product_attention(
             q, k, v, scale=row.scale, is_causal=row.causal, local_window_size=window, implementation=impl)
     if impl == "pallas":
@@ -139,10 +150,23 @@ def attention_fn(impl, row, flashjax_backend):
         from flash_attn3_jax import flash_mha
         return lambda q, k, v: flash_mha(
             q, k, v, softmax_scale=float(row.scale), is_causal=row.causal, window_size=tuple(row.window))
+    if impl == "fa3kv":  # the wheel's KV-cache entry: FA3's own split-keys path (forward only)
+        from flash_attn3_jax import flash_mha_with_kvcache
+        from flashjax import primitives
+        # As many parts as flashjax's rule gives the call (the entry does not choose: its default is 1).
+        parts = primitives.fwd_num_splits(jax.ShapeDtypeStruct((row.batch, row.seqlen_q, row.heads_q, row.head_dim),
+                                                               jnp.bfloat16),
+                                          jax.ShapeDtypeStruct((row.batch, row.seqlen_k, row.heads_k, row.head_dim),
+                                                               jnp.bfloat16),
+                                          window_left=row.window[0], softcap=row.softcap)
+        return lambda q, k, v: flash_mha_with_kvcache(
+            q, k, v, softmax_scale=float(row.scale), is_causal=row.causal, window_size=tuple(row.window),
+            num_splits=parts)
     if impl == "flashjax":
         import flashjax
         return lambda q, k, v: flashjax.flash_attn(
-            q, k, v, causal=row.causal, window_size=row.window, softmax_scale=row.scale, backend=flashjax_backend)
+            q, k, v, causal=row.causal, window_size=row.window, softmax_scale=row.scale, softcap=row.softcap,
+            backend=flashjax_backend)
     raise ValueError(f"unknown implementation {impl!r}; expected one of {IMPLS}")
 
 

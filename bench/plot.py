@@ -6,7 +6,7 @@ import json
 import sys
 
 STYLE = {"cudnn": ("tab:blue", "o"), "xla": ("tab:gray", "s"), "pallas": ("tab:green", "^"),
-         "fa3": ("tab:purple", "v"), "flashjax": ("tab:red", "D")}
+         "fa3": ("tab:purple", "v"), "fa3kv": ("tab:pink", "^"), "flashjax": ("tab:red", "D")}
 
 
 def is_grid_row(row):

@@ -84,10 +84,12 @@ FLASHJAX_EXPORT int flashjax_sm90_fwd_pack_group(int seqlen_q, int heads_q, int 
 }
 
 // Parts per tile the sm90 forward splits a call's keys into on a GPU of num_sms SMs (fwd_split_kv.h,
-// FLASHJAX_SM90_SPLIT_KV honoured): 1 where it does not split. head_dim is the compiled width; softcap: nonzero when
-// the call is capped. Python lowers a call with more than one part to the split target with its workspace.
+// FLASHJAX_SM90_SPLIT_KV honoured): 1 where it does not split. head_dim is the compiled width. softcap (nonzero
+// when the call is capped) no longer changes the answer since the split kernel got its capped twin; the parameter
+// stays so that the entry keeps the signature Python's _ffi declares. Python lowers a call with more than one part
+// to the split target with its workspace.
 FLASHJAX_EXPORT int flashjax_sm90_fwd_num_splits(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k,
-                                                 int head_dim, int window_left, int softcap, int num_sms) {
-  return flashjax::sm90::fwd_num_splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, window_left,
-                                        softcap != 0, num_sms, flashjax::sm90::split_kv_mode());
+                                                 int head_dim, int window_left, int /*softcap*/, int num_sms) {
+  return flashjax::sm90::fwd_num_splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, window_left, num_sms,
+                                        flashjax::sm90::split_kv_mode());
 }

@@ -109,7 +109,8 @@ def sm90_fwd_pack_group(seqlen_q: int, heads_q: int, heads_k: int) -> int:
 def sm90_fwd_num_splits(batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int,
                         window_left: int, softcap: bool, num_sms: int) -> int:
     """Parts per tile the sm90 forward splits a call's keys into on a GPU of num_sms SMs (1: no split); head_dim is
-    the compiled width. 1 with a library that predates split keys."""
+    the compiled width. 1 with a library that predates split keys. softcap matters only to libraries whose split
+    kernel had no capped twin (they answer 1 for capped calls)."""
     lib = library()
     if not hasattr(lib, "flashjax_sm90_fwd_num_splits"):
         return 1

@@ -218,7 +218,7 @@ def test_registers_ffi_targets():
 
 def test_sm90_split_keys_rule():
     # csrc/kernels/sm90/fwd_split_kv.h through the C API: split where tiles fill at most half of the SMs and the rows
-    # see at least 8 KV blocks, into as many parts as fit the SMs (at least 4 blocks each); capped calls never.
+    # see at least 8 KV blocks, into as many parts as fit the SMs (at least 4 blocks each); capped calls alike.
     def splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim=128, window_left=-1, softcap=False, sms=132):
         return _ffi.sm90_fwd_num_splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, window_left, softcap,
                                         sms)
@@ -227,8 +227,9 @@ def test_sm90_split_keys_rule():
     assert splits(1, 1, 4000, 8, 8, head_dim=256) == 12  # 50 blocks of 80 keys
     assert splits(2, 16, 5000, 16, 2) == 10  # 4 tiles, 40 blocks
     assert splits(1, 1, 8192, 32, 8, sms=78) == 9
+    assert splits(1, 1, 8192, 32, 8, softcap=True) == 16  # the split kernel has a capped twin
     for whole in (splits(64, 1, 8192, 32, 8), splits(1, 1, 500, 32, 8), splits(1, 4096, 4096, 16, 16),
-                  splits(1, 1, 8192, 32, 8, softcap=True), splits(1, 64, 8192, 32, 8, window_left=100),
+                  splits(1, 64, 8192, 32, 8, window_left=100),
                   splits(1, 1, 8192, 32, 8, sms=0), splits(1, 1, 0, 32, 8), splits(0, 1, 8192, 32, 8)):
         assert whole == 1
 
@@ -245,7 +246,7 @@ def test_explain_says_where_the_sm90_forward_splits_keys(monkeypatch):
     q, k = spec((1, 1, 32, 64), jnp.bfloat16), spec((1, 8192, 8, 64), jnp.bfloat16)
     text = flashjax.explain(q, k, k, device_sm=90)
     assert "GQA packed: the 4 query heads" in text and "keys run as 16 parts" in text, text
-    assert "keys split" not in flashjax.explain(q, k, k, softcap=5.0, device_sm=90)
+    assert "keys run as 16 parts" in flashjax.explain(q, k, k, softcap=5.0, device_sm=90)
     assert "keys split" not in flashjax.explain(q, k, k, device_sm=80)
 
 
@@ -264,8 +265,9 @@ def test_split_keys_lower_to_the_split_target_with_its_workspace(monkeypatch):
         fn = jax.jit(lambda q, k, v, s: primitives.forward(q, k, v, s, **params))
         return fn.trace(q, k[:, :seqlen_k], k[:, :seqlen_k], sinks).lower(lowering_platforms=("cuda",)).as_text()
 
-    split = [line for line in lowered(8192).splitlines() if "stablehlo.custom_call" in line]
-    assert len(split) == 1 and "@flashjax_fwd_split" in split[0], split
-    assert "num_splits = 16 : i32" in split[0] and "tensor<1x16x32x1x64xf32>" in split[0], split[0]
-    for whole in (lowered(500), lowered(8192, softcap=5.0)):
-        assert "@flashjax_fwd(" in whole and "flashjax_fwd_split" not in whole
+    for softcap in (0.0, 5.0):
+        split = [line for line in lowered(8192, softcap).splitlines() if "stablehlo.custom_call" in line]
+        assert len(split) == 1 and "@flashjax_fwd_split" in split[0], split
+        assert "num_splits = 16 : i32" in split[0] and "tensor<1x16x32x1x64xf32>" in split[0], split[0]
+    whole = lowered(500)
+    assert "@flashjax_fwd(" in whole and "flashjax_fwd_split" not in whole

@@ -203,8 +203,8 @@ def test_gqa_forced_through_each_path(mode):
 # many keys, each tile's KV range runs as parts on separate CTAs, and a second kernel merges their partial O and
 # LSE. Each case is one the rule splits on an H200 (the test checks explain() says so): decode of one sequence (GQA
 # and MHA, a ragged last block, sinks: added once, by the merge), speculative and chunked lengths under causal
-# (Sq < Sk: the diagonal's masked blocks fall in the last part), G 3, D 64 / 96 / 192 / 256, fp16. Gradients run the
-# backward on the merged out and lse.
+# (Sq < Sk: the diagonal's masked blocks fall in the last part), G 3, D 64 / 96 / 192 / 256, fp16, softcap (the
+# split kernel's capped twin). Gradients run the backward on the merged out and lse.
 SPLIT_KV_CASES = [
     sweep.Config("bfloat16", 1, 1, 8191, 32, 8, 128, 128, False, (-1, -1), True, 0.0),
     sweep.Config("float16", 1, 1, 3000, 4, 4, 64, 64, True, (-1, -1), False, 0.0),
@@ -212,6 +212,8 @@ SPLIT_KV_CASES = [
     sweep.Config("float16", 1, 5, 1500, 12, 4, 192, 192, False, (-1, -1), True, 0.0),
     sweep.Config("bfloat16", 1, 1, 4000, 8, 8, 256, 256, False, (-1, -1), False, 0.0),
     sweep.Config("bfloat16", 1, 40, 2000, 4, 1, 96, 96, True, (-1, -1), False, 0.0),
+    sweep.Config("bfloat16", 1, 1, 6000, 16, 4, 128, 128, False, (-1, -1), True, 30.0),
+    sweep.Config("float16", 2, 7, 2500, 8, 8, 64, 64, True, (-1, -1), False, 5.0),
 ]
 
 
@@ -234,16 +236,17 @@ def test_explain_says_where_keys_are_split():
         pytest.skip("the sm90 forward does not run here, or on a GPU of fewer SMs than the H100's")
     assert "keys run as 16 parts" in text(1, 1, 8192, 32, 8)  # 8 tiles, 64 blocks: 16 parts of 4 blocks
     assert "keys run as 8 parts" in text(1, 1, 32768, 16, 16)  # 16 tiles
+    assert "keys run as 16 parts" in text(1, 1, 8192, 32, 8, softcap=5.0)
     for whole in (text(64, 1, 8192, 32, 8), text(1, 1, 500, 32, 8), text(1, 4096, 4096, 16, 16),
-                  text(1, 1, 8192, 32, 8, softcap=5.0), text(1, 64, 8192, 32, 8, causal=True, window_size=(100, 0))):
+                  text(1, 64, 8192, 32, 8, causal=True, window_size=(100, 0))):
         assert "keys split" not in whole, whole
 
 
 # FLASHJAX_SM90_SPLIT_KV=n splits every call the split kernel serves into n parts, also where the rule would not:
 # many tiles (the parts fold into the scheduler's batch: pairs of uneven causal tiles and tails planned on the host
 # walk them), windows (parts of a banded range, masked blocks at both ends), Sq > Sk causal (rows that see no key
-# in any part: lse -inf, or the sink), more parts than blocks (empty parts), GQA packed and not, softcap (not split:
-# the split kernel has none), Sk = 0. The split cases above run with 3 and with 64 parts.
+# in any part: lse -inf, or the sink), more parts than blocks (empty parts), GQA packed and not, softcap, Sk = 0.
+# The split cases above run with 3 and with 64 parts.
 FORCED_SPLIT_CASES = SPLIT_KV_CASES + [
     sweep.Config("bfloat16", 2, 700, 900, 8, 2, 128, 128, True, (-1, -1), True, 0.0),
     sweep.Config("float16", 1, 300, 2000, 4, 4, 64, 64, False, (300, 40), False, 0.0),
@@ -481,8 +484,8 @@ def test_output_is_deterministic_run_to_run():
 # (O = P V is linear in them) or queries (against keys scaled up, so the scores depend on them); short calls, so
 # that the next launch lands in the previous kernel's tail. A read of the output buffer before it is written gives
 # errors of order 1.
-def _chained_calls_rel_err():
-    q, k, v = _inputs(6, b=2, sq=300, sk=300, hq=8, hk=8)
+def _chained_calls_rel_err(b=2, s=300, h=8):
+    q, k, v = _inputs(6, b=b, sq=s, sk=s, hq=h, hk=h)
     k = (k.astype(jnp.float32) * 4.0).astype(k.dtype)
 
     def chain(q, k, v, backend):
@@ -502,6 +505,17 @@ def _chained_calls_rel_err():
 def test_chained_calls_read_the_previous_output():
     # bf16 rounding of each link: 0.25% (the reference on bf16 inputs); a stale Q or V at one link: 33-51%.
     assert _chained_calls_rel_err() < 1e-2
+
+
+def test_chained_split_calls_read_the_previous_output():
+    # The same through split keys: 16 tiles of 8 blocks run as 2 parts each on an H200, so every link is the split
+    # kernel and its combine, both launched programmatically (the combine must wait for every part, the next split
+    # kernel for the combine).
+    q = jax.ShapeDtypeStruct((1, 1000, 2, 128), jnp.bfloat16)
+    text = flashjax.explain(q, q, q, causal=True)
+    if "sm90 forward kernel" in text and getattr(jax.devices()[0], "core_count", 0) >= 128:
+        assert "keys split" in text, f"the chain no longer reaches the split path: {text}"
+    assert _chained_calls_rel_err(b=1, s=1000, h=2) < 1e-2
 
 
 # FLASHJAX_SM90_PDL=0 (README) launches without programmatic dependent launch. The launcher reads it once per

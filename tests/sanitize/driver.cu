@@ -63,7 +63,8 @@ struct Config {
 // causal, windows that empty rows, sinks, softcap, and empty sequences on either side. The sm90 forward packs the
 // GQA configs with short Sq (fwd_pack_gqa.h: 130/77, 1/300, 77/300, 9/300). A config with a head dim runs that
 // variant only: config 13 reaches sm90's D 256 kernel for unbanded rows of at most 512 keys (128 x 64 tiles). The last
-// two split keys (sm90's split kernel and its combine, fwd_split_kv.h; the parts' workspace poisoned).
+// three split keys (sm90's split kernel and its combine, fwd_split_kv.h; the parts' workspace poisoned), the third
+// with softcap.
 const Config kConfigs[] = {
     {2, 77, 130, 4, 2, -1, -1, false, 0.f, false, "full attention, ragged Sq < Sk, GQA 4/2"},
     {1, 130, 77, 4, 2, -1, -1, false, 5.f, true, "full attention, Sq > Sk, softcap 5, dlse"},
@@ -83,6 +84,8 @@ const Config kConfigs[] = {
     {1, 1, 1500, 8, 2, -1, -1, true, 0.f, false, "decode, keys split into 6 parts (sm90), GQA 8/2 packed, sinks", 0, 6},
     {2, 300, 130, 4, 2, -1, 0, true, 0.f, true, "causal Sq > Sk, keys split into 3 parts: empty rows and parts", 128,
      3},
+    {1, 1, 2000, 16, 4, -1, -1, false, 30.f, true, "decode, softcap 30, keys split into 5 parts (the capped twin)", 128,
+     5},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

@@ -350,11 +350,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         // The next tile's first GEMM goes out with this tile's last one (its Q has a buffer of its own), and runs
         // while this tile's epilogue does.
         Mainloop::tail_and_prefetch(shared.tensors, shared.barriers, pipeline_k, pipeline_v, state, next_work,
-                                    consumer_wg, thread_in_wg, acc_o, work.idle);
+                                    consumer_wg, thread_in_wg, acc_o);
         store_tile(tile, work);
         Mainloop::finish_prefetch(pipeline_k, state, next_work, thread_in_wg, transform, acc_o, softmax);
       } else {
-        Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o, work.idle);
+        Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
         store_tile(tile, work);
         Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, next_work, consumer_wg,
                               thread_in_wg, transform, acc_o, softmax);
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       tile = next_tile;
       work = next_work;
     }
-    Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o, work.idle);
+    Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
     store_tile(tile, work);
   }
   Epilogue::drain(thread_in_wg);

@@ -72,6 +72,24 @@ inline bool programmatic_launch() {
   return enabled;
 }
 
+// A launch on the stream, with programmatic dependent launch where programmatic_launch(): the kernel may start while
+// the stream's previous kernel finishes, and must wait for it (griddepcontrol.wait) before its first global access.
+struct StreamLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attribute{};
+  StreamLaunch(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream) {
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &attribute;
+    config.numAttrs = programmatic_launch() ? 1 : 0;
+  }
+  StreamLaunch(const StreamLaunch&) = delete;  // config.attrs points into this object
+};
+
 // The scheduler's parameters for a call shape. Where work is uneven, to_params plans the last tiles on the host
 // (fwd_tile_scheduler.cuh: tens of microseconds), the same plan for every call of one shape, so each kernel
 // configuration remembers the plans of its last kCachedShapes shapes (a training step calls few shapes).
@@ -162,17 +180,8 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: the kernel may start while the stream's previous kernel finishes (launch
   // latency and the CTAs' prologue overlap that kernel's last CTAs); it waits for it before any global access.
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(Scheduler::grid_size(scheduler));
-  config.blockDim = dim3(Kernel::kThreads);
-  config.dynamicSmemBytes = Kernel::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = programmatic_launch() ? 1 : 0;
-  err = cudaLaunchKernelEx(&config, kernel, kernel_params);
+  StreamLaunch launch(dim3(Scheduler::grid_size(scheduler)), dim3(Kernel::kThreads), Kernel::kSmemBytes, stream);
+  err = cudaLaunchKernelEx(&launch.config, kernel, kernel_params);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
@@ -212,23 +221,28 @@ cudaError_t launch_packed(const FwdParams& params, int group, cudaStream_t strea
 }
 
 // The split-keys kernel: kFew's tiles, packed (any group, 1 included: fwd_split_epilogue.cuh indexes rows by query
-// head), no softcap. One kernel per instantiation.
-template <typename Element, int kHeadDim>
+// head), compiled with and without softcap like every tile configuration.
+template <typename Element, int kHeadDim, bool kSoftcap>
 using FwdSplitKernel = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_m,
-                                     fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_n, false, true, true>;
+                                     fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_n, kSoftcap, true, true>;
 
-// Split keys (fwd_split_kv.h): the parts into the workspace, then the combine into O and LSE. The combine is an
-// ordinary launch, so it starts after every part is written.
+// Split keys (fwd_split_kv.h): the parts into the workspace, then the combine into O and LSE. The combine launches
+// programmatically too: its launch overlaps the parts' last CTAs, and it waits for all of them (griddepcontrol.wait)
+// before it reads the workspace.
 template <typename Element, int kHeadDim>
 cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
   if (params.o_partial == nullptr || params.lse_partial == nullptr || params.num_splits > kMaxKvSplits) {
     return cudaErrorInvalidValue;
   }
-  cudaError_t err = launch_kernel<FwdSplitKernel<Element, kHeadDim>>(params, params.heads_q / params.heads_k, stream);
+  const int group = params.heads_q / params.heads_k;
+  cudaError_t err = params.softcap > 0.f ? launch_kernel<FwdSplitKernel<Element, kHeadDim, true>>(params, group, stream)
+                                         : launch_kernel<FwdSplitKernel<Element, kHeadDim, false>>(params, group, stream);
   const int64_t rows = int64_t(params.batch) * params.heads_q * params.seqlen_q;
   if (err != cudaSuccess || rows == 0) return err;
-  fwd_split_combine_kernel<Element, kHeadDim>
-      <<<static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps), kCombineWarps * 32, 0, stream>>>(params);
+  StreamLaunch launch(dim3(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps)), dim3(kCombineWarps * 32),
+                      0, stream);
+  err = cudaLaunchKernelEx(&launch.config, fwd_split_combine_kernel<Element, kHeadDim>, params);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 
@@ -240,8 +254,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
-  // Python asked for parts (fwd_num_splits, at lowering); the split kernel has no softcap, so capped calls run whole.
-  if (params.num_splits > 1 && params.softcap <= 0.f) return detail::launch_split<Element, kHeadDim>(params, stream);
+  // Python asked for parts (fwd_num_splits, at lowering) and gave the workspace.
+  if (params.num_splits > 1) return detail::launch_split<Element, kHeadDim>(params, stream);
   if (const int group = fwd_pack_group(params.seqlen_q, params.heads_q, params.heads_k, pack_gqa_mode()); group > 1) {
     return detail::launch_packed<Element, kHeadDim>(params, group, stream);
   }
@@ -266,7 +280,7 @@ int fwd_smem_bytes() {
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
   constexpr int kManyShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyShortRows>::kSmemBytes;
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
-  constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim>::kSmemBytes;
+  constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim, false>::kSmemBytes;
   return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit});
 }
 

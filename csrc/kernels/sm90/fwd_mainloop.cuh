@@ -78,8 +78,8 @@ struct FwdMainloopSm90 {
   static constexpr int kQElems = kConsumerWarpgroups * kQHalfElems;      // one Q buffer
 
   static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
-  // A warpgroup whose rows all lie past Sq (ConsumerTile::idle) skips its GEMMs and softmax, keeping its ping-pong
-  // turns and stage releases. Compiled into the split-keys kernel only, whose decode-sized packed tiles leave the
+  // A warpgroup whose rows all lie past Sq (ConsumerTile::idle) skips the GEMMs and softmax of its blocks, keeping
+  // its ping-pong turns and stage releases; only the tail turn's GEMMs go out as usual (see tail()). Compiled into the split-keys kernel only, whose decode-sized packed tiles leave the
   // second warpgroup all padding (GQA 32:8 decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and
   // the checks would sit in the per-tile path of every kernel.
   static constexpr bool kSkipIdle = kSkipIdle_;
@@ -557,17 +557,19 @@ struct FwdMainloopSm90 {
   }
 
   // The tile's last PV GEMM, on the warpgroup's turn. Returns with acc_o complete (the kernel's epilogue reads it).
+  // An idle warpgroup (kSkipIdle) issues it too, on stale P into an O that is never stored, here and in
+  // tail_and_prefetch (with the next tile's S_0): a GEMM issued under a run-time condition makes ptxas serialize
+  // every wgmma of the kernel (C7514 / C7515: each waited on before the next is issued), which cost the steady
+  // steps of the warpgroups that do work far more than one block's GEMMs per tile.
   template <typename AccO>
   __device__ __forceinline__ static void tail(TensorStorage& tensors, PipelineV& pipeline_v, ConsumerState& state,
-                                              int warpgroup, int thread_in_wg, AccO& acc_o, bool idle = false) {
+                                              int warpgroup, int thread_in_wg, AccO& acc_o) {
     using namespace cute;
     Operands ops(thread_in_wg);
     Tensor tOrV = ops.vt(tensors);
     take_turn(warpgroup);
     pipeline_v.consumer_wait(state.read_v);
-    if (!kSkipIdle || !idle) {
-      common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
-    }
+    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
     pass_turn(warpgroup);
     wait_for_pv(pipeline_v, state, acc_o);
   }
@@ -578,8 +580,7 @@ struct FwdMainloopSm90 {
   __device__ __forceinline__ static void tail_and_prefetch(TensorStorage& tensors, BarrierStorage& barriers,
                                                            PipelineK& pipeline_k, PipelineV& pipeline_v,
                                                            ConsumerState& state, const ConsumerTile& next,
-                                                           int warpgroup, int thread_in_wg, AccO& acc_o,
-                                                           bool idle = false) {
+                                                           int warpgroup, int thread_in_wg, AccO& acc_o) {
     using namespace cute;
     static_assert(kCanPrefetchQuery);
     Operands ops(thread_in_wg);
@@ -588,27 +589,12 @@ struct FwdMainloopSm90 {
     Tensor tSrK = ops.k(tensors);
     take_turn(warpgroup);
     pipeline_v.consumer_wait(state.read_v);
-    if constexpr (kSkipIdle) {  // idle: this tile's rows (no PV GEMM), next.idle: the next tile's (no S_0)
-      if (!idle) common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
-      pipeline_k.consumer_wait(state.read_k);
-      if (!next.idle) {
-        barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
-        common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
-      }
-      pass_turn(warpgroup);
-      if (next.idle) {
-        warpgroup_wait<0>();  // the PV GEMM, if any, is the one in flight
-      } else {
-        warpgroup_wait<1>();
-      }
-    } else {
-      common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
-      barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
-      pipeline_k.consumer_wait(state.read_k);
-      common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
-      pass_turn(warpgroup);
-      warpgroup_wait<1>();  // the PV GEMM is complete; S_0 may still run
-    }
+    common::wgmma_gemm<false, -1>(ops.mma_pv, state.p, tOrV(_, _, _, state.read_v.index()), acc_o);
+    barriers.q[next.q_slot.buffer].wait(next.q_slot.phase);
+    pipeline_k.consumer_wait(state.read_k);
+    common::wgmma_gemm<true, -1>(ops.mma_qk, tSrQ, tSrK(_, _, _, state.read_k.index()), state.s);
+    pass_turn(warpgroup);
+    warpgroup_wait<1>();  // the PV GEMM is complete; S_0 may still run
     warpgroup_fence_operand(acc_o);
     warpgroup_fence_operand(state.p);
     release(pipeline_v, state.read_v);

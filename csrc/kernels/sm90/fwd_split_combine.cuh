@@ -25,6 +25,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) fwd_split_combine_kernel(c
   const int position = static_cast<int>(row % p.seqlen_q);
   const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
   const int batch = static_cast<int>(row / (int64_t(p.seqlen_q) * p.heads_q));
+  // Launched programmatically (fwd_launch.cuh): wait for the split kernel's parts (its completion and its memory),
+  // then let the stream's next kernel launch, which waits for this one the same way. No-ops without PDL.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int64_t part_stride = int64_t(p.heads_q) * p.seqlen_q;  // between consecutive parts of one row
   const int64_t first_part = (int64_t(batch) * p.num_splits * p.heads_q + head) * p.seqlen_q + position;
 

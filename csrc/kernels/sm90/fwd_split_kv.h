@@ -34,10 +34,10 @@ inline int split_kv_mode() {
 // Parts per tile for a call on a GPU of num_sms SMs: 1 (no split) unless the call's tiles fill at most half of the
 // SMs and its rows see at least 2 x kMinBlocksPerSplit KV blocks; then as many parts as fit the SMs in one round,
 // at least kMinBlocksPerSplit blocks each. The split kernel packs GQA (its tiles are kFew's, one per KV head and 128
-// packed rows) and is compiled without softcap: capped calls are not split. mode: split_kv_mode().
+// packed rows) and has a capped twin, so softcap does not matter. mode: split_kv_mode().
 inline int fwd_num_splits(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k, int head_dim,
-                          int window_left, bool softcap, int num_sms, int mode) {
-  if (mode == 0 || softcap || batch <= 0 || seqlen_q <= 0 || seqlen_k <= 0 || heads_k <= 0 ||
+                          int window_left, int num_sms, int mode) {
+  if (mode == 0 || batch <= 0 || seqlen_q <= 0 || seqlen_k <= 0 || heads_k <= 0 ||
       heads_q % heads_k != 0) {
     return 1;
   }
