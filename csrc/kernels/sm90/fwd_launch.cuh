@@ -187,10 +187,10 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
 }
 
 // One tile configuration: the kernel compiled for the call's softcap (none, or any c > 0).
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kPackGqa>
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kPackGqa, bool kSplitKv = false>
 cudaError_t launch_fwd(const FwdParams& params, int group, cudaStream_t stream) {
-  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa>;
-  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa>;
+  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa, kSplitKv>;
+  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa, kSplitKv>;
   return params.softcap > 0.f ? launch_kernel<Capped>(params, group, stream)
                               : launch_kernel<Uncapped>(params, group, stream);
 }
@@ -221,10 +221,10 @@ cudaError_t launch_packed(const FwdParams& params, int group, cudaStream_t strea
 }
 
 // The split-keys kernel: kFew's tiles, packed (any group, 1 included: fwd_split_epilogue.cuh indexes rows by query
-// head), compiled with and without softcap like every tile configuration.
-template <typename Element, int kHeadDim, bool kSoftcap>
+// head). The uncapped one; launch_fwd picks it or its capped twin, as for every tile configuration.
+template <typename Element, int kHeadDim>
 using FwdSplitKernel = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_m,
-                                     fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_n, kSoftcap, true, true>;
+                                     fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_n, false, true, true>;
 
 // Split keys (fwd_split_kv.h): the parts into the workspace, then the combine into O and LSE. The combine launches
 // programmatically too: its launch overlaps the parts' last CTAs, and it waits for all of them (griddepcontrol.wait)
@@ -234,13 +234,13 @@ cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
   if (params.o_partial == nullptr || params.lse_partial == nullptr || params.num_splits > kMaxKvSplits) {
     return cudaErrorInvalidValue;
   }
-  const int group = params.heads_q / params.heads_k;
-  cudaError_t err = params.softcap > 0.f ? launch_kernel<FwdSplitKernel<Element, kHeadDim, true>>(params, group, stream)
-                                         : launch_kernel<FwdSplitKernel<Element, kHeadDim, false>>(params, group, stream);
+  using Split = FwdSplitKernel<Element, kHeadDim>;
+  cudaError_t err = launch_fwd<Element, kHeadDim, Split::Mainloop::kBlockM, Split::Mainloop::kBlockN, true, true>(
+      params, params.heads_q / params.heads_k, stream);
   const int64_t rows = int64_t(params.batch) * params.heads_q * params.seqlen_q;
   if (err != cudaSuccess || rows == 0) return err;
-  StreamLaunch launch(dim3(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps)), dim3(kCombineWarps * 32),
-                      0, stream);
+  const dim3 grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps));
+  StreamLaunch launch(grid, dim3(kCombineWarps * 32), 0, stream);
   err = cudaLaunchKernelEx(&launch.config, fwd_split_combine_kernel<Element, kHeadDim>, params);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
@@ -280,7 +280,7 @@ int fwd_smem_bytes() {
   constexpr int kMany = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kMany>::kSmemBytes;
   constexpr int kManyShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyShortRows>::kSmemBytes;
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
-  constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim, false>::kSmemBytes;
+  constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim>::kSmemBytes;
   return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit});
 }
 

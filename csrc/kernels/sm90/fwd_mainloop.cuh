@@ -79,9 +79,10 @@ struct FwdMainloopSm90 {
 
   static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
   // A warpgroup whose rows all lie past Sq (ConsumerTile::idle) skips the GEMMs and softmax of its blocks, keeping
-  // its ping-pong turns and stage releases; only the tail turn's GEMMs go out as usual (see tail()). Compiled into the split-keys kernel only, whose decode-sized packed tiles leave the
-  // second warpgroup all padding (GQA 32:8 decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and
-  // the checks would sit in the per-tile path of every kernel.
+  // its ping-pong turns and stage releases; only the tail turn's GEMMs go out as usual (see tail()). Compiled into
+  // the split-keys kernel only, whose decode-sized packed tiles leave the second warpgroup all padding (GQA 32:8
+  // decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and the checks would sit in the per-tile path
+  // of every kernel.
   static constexpr bool kSkipIdle = kSkipIdle_;
   using QueryTiling = FwdQueryTiling<kBlockM, kPackGqa>;
   // Packed GQA's 8-row chunks: rows [8j, 8j + 8) of a 64-row half are its j-th swizzle atom (tile_to_shape stacks
