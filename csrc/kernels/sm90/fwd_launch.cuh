@@ -88,6 +88,13 @@ struct StreamLaunch {
     config.numAttrs = programmatic_launch() ? 1 : 0;
   }
   StreamLaunch(const StreamLaunch&) = delete;  // config.attrs points into this object
+
+  // Launches kernel(args...) with this configuration; the launch's error, else any error left by an earlier call.
+  template <typename... Params, typename... Args>
+  cudaError_t operator()(void (*kernel)(Params...), const Args&... args) {
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  }
 };
 
 // The scheduler's parameters for a call shape. Where work is uneven, to_params plans the last tiles on the host
@@ -180,10 +187,8 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
   if (err != cudaSuccess) return err;
   // Programmatic dependent launch: the kernel may start while the stream's previous kernel finishes (launch
   // latency and the CTAs' prologue overlap that kernel's last CTAs); it waits for it before any global access.
-  StreamLaunch launch(dim3(Scheduler::grid_size(scheduler)), dim3(Kernel::kThreads), Kernel::kSmemBytes, stream);
-  err = cudaLaunchKernelEx(&launch.config, kernel, kernel_params);
-  if (err != cudaSuccess) return err;
-  return cudaGetLastError();
+  return StreamLaunch(dim3(Scheduler::grid_size(scheduler)), dim3(Kernel::kThreads), Kernel::kSmemBytes,
+                      stream)(kernel, kernel_params);
 }
 
 // One tile configuration: the kernel compiled for the call's softcap (none, or any c > 0).
@@ -196,10 +201,10 @@ cudaError_t launch_fwd(const FwdParams& params, int group, cudaStream_t stream) 
 }
 
 // The uncapped kernel of one FwdKeyLoad class (classes with equal tile sizes share it; the capped twin has the same
-// tiles and shared memory), packing GQA or not.
-template <typename Element, int kHeadDim, FwdKeyLoad kLoad, bool kPackGqa = false>
+// tiles and shared memory), packing GQA or not, splitting keys or not.
+template <typename Element, int kHeadDim, FwdKeyLoad kLoad, bool kPackGqa = false, bool kSplitKv = false>
 using FwdKernelFor = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, kLoad).block_m,
-                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa>;
+                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa, kSplitKv>;
 
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
 cudaError_t launch_fwd_for(const FwdParams& params, cudaStream_t stream) {
@@ -223,8 +228,7 @@ cudaError_t launch_packed(const FwdParams& params, int group, cudaStream_t strea
 // The split-keys kernel: kFew's tiles, packed (any group, 1 included: fwd_split_epilogue.cuh indexes rows by query
 // head). The uncapped one; launch_fwd picks it or its capped twin, as for every tile configuration.
 template <typename Element, int kHeadDim>
-using FwdSplitKernel = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_m,
-                                     fwd_tile_sizes(kHeadDim, FwdKeyLoad::kFew).block_n, false, true, true>;
+using FwdSplitKernel = FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew, true, true>;
 
 // Split keys (fwd_split_kv.h): the parts into the workspace, then the combine into O and LSE. The combine launches
 // programmatically too: its launch overlaps the parts' last CTAs, and it waits for all of them (griddepcontrol.wait)
@@ -240,10 +244,7 @@ cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
   const int64_t rows = int64_t(params.batch) * params.heads_q * params.seqlen_q;
   if (err != cudaSuccess || rows == 0) return err;
   const dim3 grid(static_cast<unsigned>((rows + kCombineWarps - 1) / kCombineWarps));
-  StreamLaunch launch(grid, dim3(kCombineWarps * 32), 0, stream);
-  err = cudaLaunchKernelEx(&launch.config, fwd_split_combine_kernel<Element, kHeadDim>, params);
-  if (err != cudaSuccess) return err;
-  return cudaGetLastError();
+  return StreamLaunch(grid, dim3(kCombineWarps * 32), 0, stream)(fwd_split_combine_kernel<Element, kHeadDim>, params);
 }
 
 }  // namespace detail
