@@ -7,6 +7,9 @@
 # (gsb0, 0x0) and the branches marked: whether the softmax (MUFU) runs before or after the PV wait is visible there.
 # It is a static view in address order: predicated branches (the softcap path, the masked path) put other copies
 # of the softmax in between; ncu's source page (tools/device_check.sh ncu) gives execution counts per line.
+# The flags are the library build's (CMake Release: -O3 -DNDEBUG; -lineinfo), so that the SASS is the shipped one:
+# without -DNDEBUG the D 128 kernel's hot loop came out 707 instructions long and scheduled differently from the
+# library's 699 (bench/NOTES.md v22).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dtype=${1:-bf16}; hdim=${2:-128}
@@ -25,7 +28,7 @@ cutlass_include=$("$python" -c 'import cutlass_library, os; print(os.path.join(o
 out="$repo/build/sass"; mkdir -p "$out"
 name="sm90_fwd_${dtype}_hdim${hdim}"
 "$python" "$repo/tools/gen_kernels.py" --print sm90 fwd "$dtype" "$hdim" > "$out/$name.cu"
-"${NVCC:-/usr/local/cuda/bin/nvcc}" -std=c++17 --expt-relaxed-constexpr -O3 -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
+"${NVCC:-/usr/local/cuda/bin/nvcc}" -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -lineinfo -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
   -I"$repo/csrc" -I"$repo/csrc/include" -isystem "$cutlass_include" -gencode=arch=compute_90a,code=sm_90a \
   -cubin -Xptxas -v -o "$out/$name.cubin" "$out/$name.cu" 2>&1 | grep -E "C75[0-9]+|spill" || true
 "$cuobjdump" -sass "$out/$name.cubin" > "$out/$name.sass"

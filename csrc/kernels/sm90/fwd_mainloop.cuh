@@ -487,7 +487,9 @@ struct FwdMainloopSm90 {
     release(pipeline_k, state.read_k);
     Tensor s_rc = transformed_scores<kMasked>(state, ops, tile, t, transform);
     if constexpr (kExponentiateAtReference && !kMasked) {
-      // P_t is written over P_{t-1}, the operand of the PV GEMM: wait for it first.
+      // P_t is written over P_{t-1}, the operand of the PV GEMM: wait for it first. (Only the conversion into P
+      // must follow the wait: ptxas issues most of the FFMAs and a quarter of the exponentials before it, into
+      // temporaries. bench/NOTES.md v22.)
       wait_for_pv(pipeline_v, state, acc_o);
       Tensor p_rc = make_tensor(state.p.data(), common::wgmma_acc_rowcol_layout(state.s.layout()));
       if (softmax.exponentiate_at_reference(s_rc, p_rc)) return;
@@ -496,10 +498,10 @@ struct FwdMainloopSm90 {
     } else {
       float correction[Softmax::kNumRows];
       const bool rescale = softmax.update(s_rc, correction);
-      // Meant to let the softmax above overlap the PV GEMM. The PTX keeps this order, but ptxas places the wait
-      // near the start of the softmax (SASS at D 64 and D 128; FA3's kernels wait before their exps too). Moving
-      // this wait, the rescale and the conversion to the start of the next GEMM turn (across the loop's back
-      // edge) does keep the softmax before the wait, and measured slower (-1% at D 128, -10% at D 256; v7).
+      // Lets the softmax above overlap the PV GEMM. In the library's SASS (-DNDEBUG) ptxas keeps most of the
+      // exponentials ahead of the wait at D 256; SASS compiled without -DNDEBUG had shown the wait near the start
+      // of the softmax (bench/NOTES.md v22). Moving this wait, the rescale and the conversion to the start of the
+      // next GEMM turn (across the loop's back edge) measured slower (-1% at D 128, -10% at D 256; v7).
       wait_for_pv(pipeline_v, state, acc_o);
       if (rescale) Softmax::rescale_o(acc_o_rc, correction);
     }

@@ -1,0 +1,56 @@
+"""tools/hot_loop_diff.py on synthetic SASS dumps: it finds the hot loop (a backward branch over a VOTE.ALL and 16
+HGMMAs) of the named kernel, ignores branch targets, and calls a loop that differs only in its registers different."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "hot_loop_diff.py"
+KERNEL = "_ZN8flashjax4sm9015fwd_kernel_sm90INS0_13FwdKernelSm90IN7cutlass10bfloat16_tELi128ELi128ELi128ELb0ELb0ELb0EEEEEvNT_6ParamsE"
+
+
+def dump(body, start=0x100, kernel=KERNEL, other_first=True):
+    """cuobjdump-style text: an unrelated kernel first (it must be skipped), then `kernel` whose loop is `body`."""
+    lines = []
+    if other_first:
+        lines += ["\t\tFunction : _ZN8flashjax4sm9015other_kernelEv", "        /*0000*/                   NOP ;"]
+    lines.append(f"\t\tFunction : {kernel}")
+    address = start
+    for text in ["MOV R1, c[0x0][0x28]"] + body + [f"@P0 BRA 0x{start + 0x10:x}", "EXIT"]:
+        lines.append(f"        /*{address:04x}*/                   {text} ;")
+        lines.append("                                                                   /* 0x000000000000000 */")
+        address += 0x10
+    return "\n".join(lines) + "\n"
+
+
+LOOP = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0"] * 16 + [
+    "FFMA R10, R90, UR22, -R2", "MUFU.EX2 R10, R10", "FADD R11, R10, R11", "VOTE.ALL P0, P0"]
+
+
+def run(tmp_path, a, b):
+    (tmp_path / "a.sass").write_text(a)
+    (tmp_path / "b.sass").write_text(b)
+    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "a.sass"), str(tmp_path / "b.sass")],
+                         capture_output=True, text=True)
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_same_loop_at_other_addresses(tmp_path):
+    rc, out = run(tmp_path, dump(LOOP), dump(LOOP, start=0x900, other_first=False))
+    assert rc == 0 and "same hot loop" in out and "21 vs 21 instructions; in order, identical 21," in out
+
+
+@pytest.mark.parametrize("changed, renamed", [("FFMA R12, R90, UR22, -R2", 21), ("FMUL R11, R10, R11", 20)])
+def test_other_registers_or_opcodes_differ(tmp_path, changed, renamed):
+    body = list(LOOP)
+    body[16] = changed if changed.startswith("FFMA") else body[16]
+    body[18] = changed if changed.startswith("FMUL") else body[18]
+    rc, out = run(tmp_path, dump(LOOP), dump(body))
+    assert rc == 0 and "different hot loop" in out
+    assert "identical 20," in out and f"identical but for registers {renamed}," in out
+
+
+def test_no_hot_loop(tmp_path):
+    rc, out = run(tmp_path, dump(LOOP[:10] + LOOP[16:]), dump(LOOP))
+    assert rc != 0 and "no loop with a VOTE.ALL" in out

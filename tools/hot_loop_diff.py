@@ -1,0 +1,105 @@
+"""Whether two builds of the sm90 forward kernel run the same hot loop: the unmasked steady step's SASS, compared
+exactly and with registers masked out (bench/NOTES.md v22: with the same instruction order, another register
+allocation of that loop costs the D 128 kernel 1.3-3% of its cycles, as much as the levers A/Bs try to measure).
+
+    python3 tools/hot_loop_diff.py A B [--kernel REGEX]
+
+A and B are libraries (libflashjax.so, or .so.xz as in .devcarry) or SASS dumps (cuobjdump -sass output, e.g. from
+tools/sass.sh). The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles,
+uncapped, unpacked, unsplit). The hot loop is the loop (a backward branch) whose body holds a VOTE.ALL (the fast
+path's bound check) and at least 16 HGMMAs (one step's two GEMMs). Prints both loops' lengths and how many instructions are
+identical in order (branch targets aside), identical but for registers, and of the same opcode; "same hot loop" only
+when every instruction is identical.
+"""
+import argparse
+import lzma
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+DEFAULT_KERNEL = r"Li128ELi128ELi128ELb0ELb0ELb0EE"
+INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;")
+BRANCH_TARGET = re.compile(r"\bBRA(?:\.\S+)?\s+(?:`?\(?)?(0x[0-9a-f]+)")
+ADDRESSES = re.compile(r"0x[0-9a-f]+")
+REGISTERS = re.compile(r"\bU?R\d+\b|\bU?P\d\b")
+
+
+def cuobjdump():
+    try:
+        import nvidia  # the wheels tools/sass.sh installs into .venv
+        path = os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "cuobjdump")
+        if os.path.exists(path):
+            return path
+    except ImportError:
+        pass
+    return "cuobjdump"
+
+
+def sass_text(path):
+    if path.endswith(".sass") or path.endswith(".txt"):
+        return open(path).read()
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = path
+        if path.endswith(".xz"):
+            lib = os.path.join(tmp, "lib.so")
+            with lzma.open(path) as src, open(lib, "wb") as dst:
+                dst.write(src.read())
+        return subprocess.run([cuobjdump(), "-sass", lib], check=True, capture_output=True, text=True).stdout
+
+
+def kernel_instructions(text, pattern):
+    found, rows = False, []
+    for line in text.splitlines():
+        if "Function :" in line:
+            if found:
+                break
+            found = re.search(pattern, line) is not None
+            continue
+        match = INSTRUCTION.match(line) if found else None
+        if match:
+            rows.append((int(match.group(1), 16), match.group(2)))
+    if not rows:
+        sys.exit(f"hot_loop_diff: no kernel matching {pattern!r}")
+    return rows
+
+
+def hot_loop(rows):
+    index = {address: i for i, (address, _) in enumerate(rows)}
+    for i, (address, text) in enumerate(rows):
+        target = BRANCH_TARGET.search(text)
+        if not target or int(target.group(1), 16) >= address or int(target.group(1), 16) not in index:
+            continue
+        body = [t for _, t in rows[index[int(target.group(1), 16)]:i + 1]]
+        if any("VOTE.ALL" in t for t in body) and sum("HGMMA" in t for t in body) >= 16:
+            return body
+    sys.exit("hot_loop_diff: no loop with a VOTE.ALL and 16 HGMMAs in the kernel")
+
+
+def opcode(text):
+    words = text.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("a")
+    parser.add_argument("b")
+    parser.add_argument("--kernel", default=DEFAULT_KERNEL)
+    args = parser.parse_args()
+    loops = [hot_loop(kernel_instructions(sass_text(p), args.kernel)) for p in (args.a, args.b)]
+    pairs = list(zip(*loops))
+    # Branch targets move whenever code elsewhere changes: addresses are masked in every comparison. Registers are
+    # not, except in the second count: a loop that differs only in its registers is a different loop (v22).
+    same_but_addresses = sum(ADDRESSES.sub("_", x) == ADDRESSES.sub("_", y) for x, y in pairs)
+    same_but_registers = sum(REGISTERS.sub("_", ADDRESSES.sub("_", x)) == REGISTERS.sub("_", ADDRESSES.sub("_", y))
+                             for x, y in pairs)
+    same_opcode = sum(opcode(x) == opcode(y) for x, y in pairs)
+    same = len(loops[0]) == len(loops[1]) and same_but_addresses == len(pairs)
+    print(f"hot loop: {len(loops[0])} vs {len(loops[1])} instructions; in order, identical {same_but_addresses}, "
+          f"identical but for registers {same_but_registers}, same opcode {same_opcode}")
+    print("same hot loop" if same else "different hot loop: an A/B of these builds also measures its allocation")
+
+if __name__ == "__main__":
+    main()
