@@ -6,8 +6,8 @@ allocation of that loop costs the D 128 kernel 1.3-3% of its cycles, as much as 
 
 A and B are libraries (libflashjax.so, or .so.xz as in .devcarry) or SASS dumps (cuobjdump -sass output, e.g. from
 tools/sass.sh). The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles,
-uncapped, unpacked, unsplit). The hot loop is the loop (a backward branch) whose body holds a VOTE.ALL (the fast
-path's bound check) and at least 16 HGMMAs (one step's two GEMMs). Prints both loops' lengths and how many instructions are
+uncapped, unpacked, unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
+a VOTE (the fast path's bound check, or the lazy rescale's) and selects no -INF (no mask). Prints both loops' lengths and how many instructions are
 identical in order (branch targets aside), identical but for registers, and of the same opcode; "same hot loop" only
 when every instruction is identical.
 """
@@ -66,15 +66,22 @@ def kernel_instructions(text, pattern):
 
 
 def hot_loop(rows):
+    """The smallest loop whose body issues wgmmas and votes (the fast path's bound check, or the lazy rescale's) and
+    applies no mask (no select of -INF): the unmasked steady step, at every head dim."""
     index = {address: i for i, (address, _) in enumerate(rows)}
+    best = None
     for i, (address, text) in enumerate(rows):
         target = BRANCH_TARGET.search(text)
         if not target or int(target.group(1), 16) >= address or int(target.group(1), 16) not in index:
             continue
         body = [t for _, t in rows[index[int(target.group(1), 16)]:i + 1]]
-        if any("VOTE.ALL" in t for t in body) and sum("HGMMA" in t for t in body) >= 16:
-            return body
-    sys.exit("hot_loop_diff: no loop with a VOTE.ALL and 16 HGMMAs in the kernel")
+        if (any(t.startswith("HGMMA") for t in body) and any("VOTE." in t for t in body)
+                and not any(t.startswith("FSEL") and "-INF" in t for t in body)
+                and (best is None or len(body) < len(best))):
+            best = body
+    if best is None:
+        sys.exit("hot_loop_diff: no unmasked loop with wgmmas and a vote in the kernel")
+    return best
 
 
 def opcode(text):

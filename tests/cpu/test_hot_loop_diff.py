@@ -1,5 +1,6 @@
-"""tools/hot_loop_diff.py on synthetic SASS dumps: it finds the hot loop (a backward branch over a VOTE.ALL and 16
-HGMMAs) of the named kernel, ignores branch targets, and calls a loop that differs only in its registers different."""
+"""tools/hot_loop_diff.py on synthetic SASS dumps: it finds the hot loop of the named kernel (the smallest loop with
+wgmmas and a vote and no -INF select), ignores branch targets, and calls a loop that differs only in its registers
+different."""
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,18 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "hot_loop_diff.py"
 KERNEL = "_ZN8flashjax4sm9015fwd_kernel_sm90INS0_13FwdKernelSm90IN7cutlass10bfloat16_tELi128ELi128ELi128ELb0ELb0ELb0EEEEEvNT_6ParamsE"
 
 
-def dump(body, start=0x100, kernel=KERNEL, other_first=True):
-    """cuobjdump-style text: an unrelated kernel first (it must be skipped), then `kernel` whose loop is `body`."""
+def dump(body, start=0x100, kernel=KERNEL, other_first=True, masked_loop=()):
+    """cuobjdump-style text: an unrelated kernel first (it must be skipped), then `kernel` with an optional masked
+    loop (`masked_loop`, looping onto itself) followed by the loop `body`."""
     lines = []
     if other_first:
         lines += ["\t\tFunction : _ZN8flashjax4sm9015other_kernelEv", "        /*0000*/                   NOP ;"]
     lines.append(f"\t\tFunction : {kernel}")
     address = start
-    for text in ["MOV R1, c[0x0][0x28]"] + body + [f"@P0 BRA 0x{start + 0x10:x}", "EXIT"]:
+    masked_end = start + 0x10 * (1 + len(masked_loop))
+    masked = list(masked_loop) + ([f"@P1 BRA 0x{start + 0x10:x}"] if masked_loop else [])
+    for text in ["MOV R1, c[0x0][0x28]"] + masked + body + [f"@P0 BRA 0x{masked_end + 0x10 * bool(masked_loop):x}",
+                                                            "EXIT"]:
         lines.append(f"        /*{address:04x}*/                   {text} ;")
         lines.append("                                                                   /* 0x000000000000000 */")
         address += 0x10
@@ -51,6 +56,13 @@ def test_other_registers_or_opcodes_differ(tmp_path, changed, renamed):
     assert "identical 20," in out and f"identical but for registers {renamed}," in out
 
 
+def test_a_smaller_masked_loop_is_not_the_hot_loop(tmp_path):
+    masked = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0", "FSEL R90, R90, -INF , !P0",
+              "VOTE.ANY R2, PT, P0"]
+    rc, out = run(tmp_path, dump(LOOP, masked_loop=masked), dump(LOOP))
+    assert rc == 0 and "same hot loop" in out and "21 vs 21 instructions" in out
+
+
 def test_no_hot_loop(tmp_path):
-    rc, out = run(tmp_path, dump(LOOP[:10] + LOOP[16:]), dump(LOOP))
-    assert rc != 0 and "no loop with a VOTE.ALL" in out
+    rc, out = run(tmp_path, dump([t for t in LOOP if not t.startswith("VOTE")]), dump(LOOP))
+    assert rc != 0 and "no unmasked loop with wgmmas and a vote" in out
