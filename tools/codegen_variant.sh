@@ -2,7 +2,7 @@
 # A codegen variant of one kernel file: recompiles one generated kernel source of an existing build with extra nvcc
 # flags (or with a macro that a source perturbation tests for) and links a copy of the library with that object,
 # leaving the build itself untouched. For A/B of what the compiler does with the same source (bench/NOTES.md v22:
-# a never-taken branch at kernel entry moved the D 128 kernel's cycles by +2-3% through the hot loop's schedule).
+# a never-taken branch at kernel entry moved the D 128 kernel's cycles by +2-3% through the hot loop's registers).
 #   tools/codegen_variant.sh NAME "EXTRA NVCC FLAGS" [STEM]
 #     STEM: the generated file, default sm90_fwd_bf16_hdim128; BUILD: the build directory, default the last one
 #     tools/build.sh made (build/last). Writes .devcarry/variants/NAME.so.xz (tools/ab_device.sh's VARIANTS).

@@ -7,9 +7,9 @@ allocation of that loop costs the D 128 kernel 1.3-3% of its cycles, as much as 
 A and B are libraries (libflashjax.so, or .so.xz as in .devcarry) or SASS dumps (cuobjdump -sass output, e.g. from
 tools/sass.sh). The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles,
 uncapped, unpacked, unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
-a VOTE (the fast path's bound check, or the lazy rescale's) and selects no -INF (no mask). Prints both loops' lengths and how many instructions are
-identical in order (branch targets aside), identical but for registers, and of the same opcode; "same hot loop" only
-when every instruction is identical.
+a VOTE (the fast path's bound check, or the lazy rescale's) and selects no -INF (no mask). Prints both loops'
+lengths and how many instructions are identical in order (branch targets aside), identical but for registers, and
+of the same opcode; "same hot loop" only when every instruction is identical.
 """
 import argparse
 import lzma
@@ -71,10 +71,11 @@ def hot_loop(rows):
     index = {address: i for i, (address, _) in enumerate(rows)}
     best = None
     for i, (address, text) in enumerate(rows):
-        target = BRANCH_TARGET.search(text)
-        if not target or int(target.group(1), 16) >= address or int(target.group(1), 16) not in index:
+        branch = BRANCH_TARGET.search(text)
+        target = int(branch.group(1), 16) if branch else None
+        if target is None or target >= address or target not in index:
             continue
-        body = [t for _, t in rows[index[int(target.group(1), 16)]:i + 1]]
+        body = [t for _, t in rows[index[target]:i + 1]]
         if (any(t.startswith("HGMMA") for t in body) and any("VOTE." in t for t in body)
                 and not any(t.startswith("FSEL") and "-INF" in t for t in body)
                 and (best is None or len(body) < len(best))):
@@ -96,17 +97,17 @@ def main():
     parser.add_argument("--kernel", default=DEFAULT_KERNEL)
     args = parser.parse_args()
     loops = [hot_loop(kernel_instructions(sass_text(p), args.kernel)) for p in (args.a, args.b)]
-    pairs = list(zip(*loops))
     # Branch targets move whenever code elsewhere changes: addresses are masked in every comparison. Registers are
     # not, except in the second count: a loop that differs only in its registers is a different loop (v22).
-    same_but_addresses = sum(ADDRESSES.sub("_", x) == ADDRESSES.sub("_", y) for x, y in pairs)
-    same_but_registers = sum(REGISTERS.sub("_", ADDRESSES.sub("_", x)) == REGISTERS.sub("_", ADDRESSES.sub("_", y))
-                             for x, y in pairs)
+    pairs = list(zip(*([ADDRESSES.sub("_", t) for t in loop] for loop in loops)))
+    same_but_addresses = sum(x == y for x, y in pairs)
+    same_but_registers = sum(REGISTERS.sub("_", x) == REGISTERS.sub("_", y) for x, y in pairs)
     same_opcode = sum(opcode(x) == opcode(y) for x, y in pairs)
     same = len(loops[0]) == len(loops[1]) and same_but_addresses == len(pairs)
     print(f"hot loop: {len(loops[0])} vs {len(loops[1])} instructions; in order, identical {same_but_addresses}, "
           f"identical but for registers {same_but_registers}, same opcode {same_opcode}")
     print("same hot loop" if same else "different hot loop: an A/B of these builds also measures its allocation")
+
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,9 @@ def dump(body, start=0x100, kernel=KERNEL, other_first=True, masked_loop=()):
         lines += ["\t\tFunction : _ZN8flashjax4sm9015other_kernelEv", "        /*0000*/                   NOP ;"]
     lines.append(f"\t\tFunction : {kernel}")
     address = start
-    masked_end = start + 0x10 * (1 + len(masked_loop))
     masked = list(masked_loop) + ([f"@P1 BRA 0x{start + 0x10:x}"] if masked_loop else [])
-    for text in ["MOV R1, c[0x0][0x28]"] + masked + body + [f"@P0 BRA 0x{masked_end + 0x10 * bool(masked_loop):x}",
-                                                            "EXIT"]:
+    body_start = start + 0x10 * (1 + len(masked))  # after the MOV and the masked loop
+    for text in ["MOV R1, c[0x0][0x28]"] + masked + body + [f"@P0 BRA 0x{body_start:x}", "EXIT"]:
         lines.append(f"        /*{address:04x}*/                   {text} ;")
         lines.append("                                                                   /* 0x000000000000000 */")
         address += 0x10
