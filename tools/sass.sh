@@ -7,9 +7,10 @@
 # (gsb0, 0x0) and the branches marked: whether the softmax (MUFU) runs before or after the PV wait is visible there.
 # It is a static view in address order: predicated branches (the softcap path, the masked path) put other copies
 # of the softmax in between; ncu's source page (tools/device_check.sh ncu) gives execution counts per line.
-# The flags are the library build's (CMake Release: -O3 -DNDEBUG; -lineinfo), so that the SASS is the shipped one:
-# without -DNDEBUG the D 128 kernel's hot loop came out 707 instructions long and scheduled differently from the
-# library's 699 (bench/NOTES.md v22).
+# The compile command is the library build's own, taken from ninja (BUILD: the build directory, default the last one
+# tools/build.sh made, build/last), so that the SASS is the shipped one: a hand-kept copy of the flags without
+# -DNDEBUG gave a D 128 hot loop 707 instructions long, scheduled differently from the library's 699 (bench/NOTES.md
+# v22). Without a build, the flags below are CMake Release's as of v22, and the script says it used them.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 dtype=${1:-bf16}; hdim=${2:-128}
@@ -28,9 +29,25 @@ cutlass_include=$("$python" -c 'import cutlass_library, os; print(os.path.join(o
 out="$repo/build/sass"; mkdir -p "$out"
 name="sm90_fwd_${dtype}_hdim${hdim}"
 "$python" "$repo/tools/gen_kernels.py" --print sm90 fwd "$dtype" "$hdim" > "$out/$name.cu"
-"${NVCC:-/usr/local/cuda/bin/nvcc}" -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -lineinfo -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
-  -I"$repo/csrc" -I"$repo/csrc/include" -isystem "$cutlass_include" -gencode=arch=compute_90a,code=sm_90a \
-  -cubin -Xptxas -v -o "$out/$name.cubin" "$out/$name.cu" 2>&1 | grep -E "C75[0-9]+|spill" || true
-"$cuobjdump" -sass "$out/$name.cubin" > "$out/$name.sass"
+build=${BUILD:-$(cat "$repo/build/last" 2>/dev/null || true)}
+compile=""
+if [ -n "$build" ] && [ -f "$build/build.ninja" ]; then
+  compile=$(ninja -C "$build" -t commands flashjax 2>/dev/null | grep -F "generated/$name.cu -o " | head -1 || true)
+  [[ $compile == *sm_90a* ]] || compile=""  # a build without the sm90a device pass has no such kernel to show
+fi
+if [ -n "$compile" ]; then
+  # The build's command on this script's source, its dependency-file options dropped, its object written here.
+  compile=$(sed -E "s# -MD -MT [^ ]+ -MF [^ ]+##; s# -c [^ ]+\.cu -o [^ ]+\$# -Xptxas -v -c $out/$name.cu -o $out/$name.o#" \
+    <<< "$compile")
+  (cd "$build" && eval "$compile") 2>&1 | grep -E "C75[0-9]+|spill" || true
+  "$cuobjdump" -sass -arch sm_90a "$out/$name.o" > "$out/$name.sass"
+else
+  echo "sass.sh: no build has $name.cu (BUILD=${build:-unset}); compiling with the flags restated here" >&2
+  "${NVCC:-/usr/local/cuda/bin/nvcc}" -std=c++17 --expt-relaxed-constexpr -O3 -DNDEBUG -lineinfo \
+    -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -I"$repo/csrc" -I"$repo/csrc/include" -isystem "$cutlass_include" \
+    -gencode=arch=compute_90a,code=sm_90a -cubin -Xptxas -v -o "$out/$name.cubin" "$out/$name.cu" 2>&1 |
+    grep -E "C75[0-9]+|spill" || true
+  "$cuobjdump" -sass -arch sm_90a "$out/$name.cubin" > "$out/$name.sass"
+fi
 echo "SASS: $out/$name.sass"
 "$python" "$repo/tools/sass_waits.py" "$out/$name.sass"
