@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+from sass_waits import kernels, opcode  # tools/ is this script's directory
+
 DEFAULT_KERNEL = r"Li128ELi128ELi128ELb0ELb0ELb0EE"
-INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;")
 BRANCH_TARGET = re.compile(r"\bBRA(?:\.\S+)?\s+(?:`?\(?)?(0x[0-9a-f]+)")
 ADDRESSES = re.compile(r"0x[0-9a-f]+")
 REGISTERS = re.compile(r"\bU?R\d+\b|\bU?P\d\b")
@@ -50,19 +51,10 @@ def sass_text(path):
 
 
 def kernel_instructions(text, pattern):
-    found, rows = False, []
-    for line in text.splitlines():
-        if "Function :" in line:
-            if found:
-                break
-            found = re.search(pattern, line) is not None
-            continue
-        match = INSTRUCTION.match(line) if found else None
-        if match:
-            rows.append((int(match.group(1), 16), match.group(2)))
-    if not rows:
-        sys.exit(f"hot_loop_diff: no kernel matching {pattern!r}")
-    return rows
+    for name, rows in kernels(text.splitlines()):
+        if re.search(pattern, name) and rows:
+            return rows
+    sys.exit(f"hot_loop_diff: no kernel matching {pattern!r}")
 
 
 def hot_loop(rows):
@@ -83,11 +75,6 @@ def hot_loop(rows):
     if best is None:
         sys.exit("hot_loop_diff: no unmasked loop with wgmmas and a vote in the kernel")
     return best
-
-
-def opcode(text):
-    words = text.split()
-    return words[1] if words[0].startswith("@") else words[0]
 
 
 def main():

@@ -10,9 +10,10 @@ import argparse
 import re
 
 
-def kernels(path):
+def kernels(lines):
+    """(mangled name, [(address, instruction text)]) for each kernel of a cuobjdump -sass listing, given its lines."""
     name, insts = None, []
-    for line in open(path):
+    for line in lines:
         m = re.search(r"Function : (\S+)", line)
         if m:
             if name:
@@ -26,17 +27,23 @@ def kernels(path):
         yield name, insts
 
 
+def opcode(text):
+    """The opcode of an instruction's text, past its predicate (e.g. "@!P0")."""
+    words = text.split()
+    return words[1] if words[0].startswith("@") else words[0]
+
+
 def token(addr, text):
     words = text.split()
-    predicate = words[0] if words[0].startswith("@") else ""
-    opcode = words[1] if predicate else words[0]
-    if opcode.startswith("WARPGROUP.DEPBAR"):
+    op = opcode(text)
+    if op.startswith("WARPGROUP.DEPBAR"):
         return "WAIT" + words[-1]
-    if opcode == "BRA":
+    if op == "BRA":
+        predicate = words[0] if words[0].startswith("@") else ""
         return f"BRA[{predicate}->{words[-1][-5:]}]"
-    if opcode.startswith("BAR."):
-        return opcode
-    return opcode.split(".")[0]
+    if op.startswith("BAR."):
+        return op
+    return op.split(".")[0]
 
 
 def main():
@@ -44,7 +51,9 @@ def main():
     parser.add_argument("sass")
     parser.add_argument("--width", type=int, default=1200, help="characters per step shown")
     args = parser.parse_args()
-    for name, insts in kernels(args.sass):
+    with open(args.sass) as listing:
+        listed = list(kernels(listing))
+    for name, insts in listed:
         print(f"== {name}")
         for i, (addr, text) in enumerate(insts):
             if "DEPBAR.LE gsb0, 0x1" not in text:
