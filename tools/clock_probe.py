@@ -47,18 +47,12 @@ class ClockSampler:
         return samples
 
 
-def run_calls(fn, calls, reps):
-    for r in range(reps):
-        out = fn(*calls[r % len(calls)])
-    jax.block_until_ready(out)
-
-
 def sustained(fn, calls, seconds):
     """(seconds per call, [(start, end)] window) of back-to-back calls synced every ~0.2 s."""
     reps = bench.calibrate_reps(fn, calls, min_reps=len(calls), min_trial_s=0.2)
     start, n = time.time(), 0
     while time.time() - start < seconds:
-        run_calls(fn, calls, reps)
+        bench.trial_seconds(fn, calls, reps)
         n += reps
     end = time.time()
     # The first half second is the clock settling under the power cap; keep the rest.
@@ -72,7 +66,7 @@ def bursts(fn, calls, count):
     for _ in range(count):
         time.sleep(0.5)
         start = time.time()
-        run_calls(fn, calls, reps)
+        bench.trial_seconds(fn, calls, reps)
         end = time.time()
         windows.append((start, end))
         total += end - start
@@ -104,7 +98,7 @@ def main(argv=None):
         attn = bench.attention_fn(impl, row, "auto")
         for chain in (1, 2):
             fn = jax.jit(attn) if chain == 1 else jax.jit(lambda q, k, v: attn(attn(q, k, v), k, v))
-            run_calls(fn, calls, len(calls))  # compile and warm up
+            bench.trial_seconds(fn, calls, len(calls))  # compile and warm up
             for regime in ("sustained", "bursts"):
                 sampler = ClockSampler()
                 time.sleep(0.2)
