@@ -11,14 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name=$1 flags=$2 stem=${3:-sm90_fwd_bf16_hdim128}
 build=${BUILD:-$(cat build/last)}
+source tools/build_commands.sh
 work=$(mktemp -d)
-commands=$(ninja -C "$build" -t commands flashjax)
-compile=$(grep -F "generated/$stem.cu -o " <<< "$commands" | head -1)
-link=$(grep -F -- "-o libflashjax.so " <<< "$commands" | tail -1)
+compile=$(stem_compile_command "$build" "$stem")
+link=$(ninja -C "$build" -t commands flashjax | grep -F -- "-o libflashjax.so " | tail -1)
 [[ -n $compile && -n $link ]] || { echo "codegen_variant: no compile command for $stem or no link command in $build" >&2; exit 1; }
 object=$(sed -E 's/.* -o ([^ ]+)$/\1/' <<< "$compile")
-# The same command with the extra flags, its dependency-file options dropped and its object written elsewhere.
-compile=$(sed -E "s# -MD -MT [^ ]+ -MF [^ ]+##; s# -o [^ ]+\$# $flags -o $work/$stem.o#" <<< "$compile")
+# The same command with the extra flags and its object written elsewhere.
+compile=$(sed -E "s# -o [^ ]+\$# $flags -o $work/$stem.o#" <<< "$compile")
 link=${link//" $object "/" $work/$stem.o "}
 link=${link//"-o libflashjax.so "/"-o $work/libflashjax.so "}
 (cd "$build" && eval "$compile" && eval "$link")

@@ -32,13 +32,13 @@ name="sm90_fwd_${dtype}_hdim${hdim}"
 build=${BUILD:-$(cat "$repo/build/last" 2>/dev/null || true)}
 compile=""
 if [ -n "$build" ] && [ -f "$build/build.ninja" ]; then
-  compile=$(ninja -C "$build" -t commands flashjax 2>/dev/null | grep -F "generated/$name.cu -o " | head -1 || true)
+  source "$repo/tools/build_commands.sh"
+  compile=$(stem_compile_command "$build" "$name")
   [[ $compile == *sm_90a* ]] || compile=""  # a build without the sm90a device pass has no such kernel to show
 fi
 if [ -n "$compile" ]; then
-  # The build's command on this script's source, its dependency-file options dropped, its object written here.
-  compile=$(sed -E "s# -MD -MT [^ ]+ -MF [^ ]+##; s# -c [^ ]+\.cu -o [^ ]+\$# -Xptxas -v -c $out/$name.cu -o $out/$name.o#" \
-    <<< "$compile")
+  # The build's command on this script's source, its object written here.
+  compile=$(sed -E "s# -c [^ ]+\.cu -o [^ ]+\$# -Xptxas -v -c $out/$name.cu -o $out/$name.o#" <<< "$compile")
   (cd "$build" && eval "$compile") 2>&1 | grep -E "C75[0-9]+|spill" || true
   "$cuobjdump" -sass -arch sm_90a "$out/$name.o" > "$out/$name.sass"
 else
