@@ -130,8 +130,8 @@ if stage ncu; then
   # Nsight Compute on one launch of flashjax's forward kernel per spec "mode:row" (mode as for the tests; row a
   # bench.py row name), e.g. NCU_SPECS="default:d128-s4096-full sm80:d64-s512-causal". Full section set; the
   # details page, tools/ncu_summary.py's stall summary and tools/ncu_regions.py's time by kernel stage land in
-  # $OUT/ncu_*.txt, the report and the per-SASS-line
-  # source page in $OUT/ncu_*.tgz. The clocks are left as found (--clock-control none, METHOD.md);
+  # $OUT/ncu_*.txt, the report and the per-SASS-line source page in $OUT/ncu_*.tgz. The clocks are left as found
+  # (--clock-control none, METHOD.md);
   # NCU_CLOCK_CONTROL=base locks them at base as ncu does by default (cycle counts of earlier notes were taken so).
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for spec in ${NCU_SPECS:-default:d128-s4096-full}; do
