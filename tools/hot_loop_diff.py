@@ -19,10 +19,9 @@ import subprocess
 import sys
 import tempfile
 
-from sass_waits import kernels, opcode  # tools/ is this script's directory
+from sass_waits import kernels, loops, opcode  # tools/ is this script's directory
 
 DEFAULT_KERNEL = r"Li128ELi128ELi128ELb0ELb0ELb0EE"
-BRANCH_TARGET = re.compile(r"\bBRA(?:\.\S+)?\s+(?:`?\(?)?(0x[0-9a-f]+)")
 ADDRESSES = re.compile(r"0x[0-9a-f]+")
 REGISTERS = re.compile(r"\bU?R\d+\b|\bU?P\d\b")
 
@@ -60,14 +59,9 @@ def kernel_instructions(text, pattern):
 def hot_loop(rows):
     """The smallest loop whose body issues wgmmas and votes (the fast path's bound check, or the lazy rescale's) and
     applies no mask (no select of -INF): the unmasked steady step, at every head dim."""
-    index = {address: i for i, (address, _) in enumerate(rows)}
     best = None
-    for i, (address, text) in enumerate(rows):
-        branch = BRANCH_TARGET.search(text)
-        target = int(branch.group(1), 16) if branch else None
-        if target is None or target >= address or target not in index:
-            continue
-        body = [t for _, t in rows[index[target]:i + 1]]
+    for first, last in loops(rows):
+        body = [t for _, t in rows[first:last + 1]]
         if (any(t.startswith("HGMMA") for t in body) and any("VOTE." in t for t in body)
                 and not any(t.startswith("FSEL") and "-INF" in t for t in body)
                 and (best is None or len(body) < len(best))):

@@ -26,6 +26,8 @@ import csv
 import re
 import sys
 
+from sass_waits import branch_target, loops  # tools/ is this script's directory
+
 MIN_LOOP_HGMMAS = 16
 
 
@@ -48,30 +50,22 @@ def read(path):
     return lines, base
 
 
-def branch_target(text, base):
-    m = re.search(r"\bBRA(?:\.\w+)*\s+0x([0-9a-f]+)", text)
-    return int(m.group(1), 16) - base if m else None
-
-
 def regions(lines, base):
     """[(start offset, name)] in address order, and a function mapping a stub's offset to where it returns."""
-    offsets = [l["offset"] for l in lines]
     at = {l["offset"]: i for i, l in enumerate(lines)}
+    target_of = lambda text: None if (t := branch_target(text)) is None else t - base
     exits = [l["offset"] for l in lines if re.search(r"\bEXIT\b", l["text"]) and "PREEXIT" not in l["text"]]
     last_exit = exits[-1]
-    candidates = []
-    for i, l in enumerate(lines):
-        target = branch_target(l["text"], base)
-        if target is None or target >= l["offset"] or target not in at or l["offset"] > last_exit:
-            continue
-        if sum("HGMMA" in b["text"] for b in lines[at[target]:i + 1]) >= MIN_LOOP_HGMMAS:
-            candidates.append((target, l["offset"]))
+    candidates = [(lines[first]["offset"], lines[last]["offset"])
+                  for first, last in loops([(base + l["offset"], l["text"]) for l in lines])
+                  if lines[last]["offset"] <= last_exit
+                  and sum("HGMMA" in l["text"] for l in lines[first:last + 1]) >= MIN_LOOP_HGMMAS]
     # The steady loops are the innermost of those (the loop over tiles holds both).
-    loops = sorted({(a, b) for a, b in candidates
+    steady = sorted({(a, b) for a, b in candidates
                     if not any((a, b) != (c, d) and a <= c and d <= b for c, d in candidates)})
-    if len(loops) < 2:
+    if len(steady) < 2:
         sys.exit("ncu_regions: fewer than two steady loops found; not an sm90 forward kernel of the expected form")
-    (masked_start, masked_end), (unmasked_start, unmasked_end) = loops[0], loops[1]
+    (masked_start, masked_end), (unmasked_start, unmasked_end) = steady[0], steady[1]
 
     def first_after(offset, pattern):
         for l in lines[at[offset] + 1:]:
@@ -83,7 +77,7 @@ def regions(lines, base):
     pv_wait = first_after(tail_turn, r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b")
     release = first_after(pv_wait, r"BAR\.ARV\s+\S+,\s*0x120\b")
     back = next(l["offset"] for l in lines[at[release] + 1:]
-                if (t := branch_target(l["text"], base)) is not None and t < masked_start and "@" not in l["text"])
+                if (t := target_of(l["text"])) is not None and t < masked_start and "@" not in l["text"])
     consumer_exit = next(o for o in exits if o > back)
     starts = [
         (0, "kernel start, first tile's first block"),
@@ -113,7 +107,7 @@ def regions(lines, base):
         if l["offset"] <= last_exit:
             continue
         pending.append(l["offset"])
-        target = branch_target(l["text"], base)
+        target = target_of(l["text"])
         if target is not None and "@" not in l["text"] and target <= last_exit:
             for o in pending:
                 stub_region[o] = region_of(target)

@@ -27,6 +27,25 @@ def kernels(lines):
         yield name, insts
 
 
+BRANCH_TARGET = re.compile(r"\bBRA(?:\.\S+)?\s+(?:`?\(?)?(0x[0-9a-f]+)")
+
+
+def branch_target(text):
+    """The address a branch instruction's text jumps to, or None for any other instruction."""
+    m = BRANCH_TARGET.search(text)
+    return int(m.group(1), 16) if m else None
+
+
+def loops(rows):
+    """(first, last) indices into rows, [(address, instruction text)] in address order, of every loop: a backward
+    branch at rows[last] to the address of rows[first]."""
+    index = {address: i for i, (address, _) in enumerate(rows)}
+    for last, (address, text) in enumerate(rows):
+        target = branch_target(text)
+        if target is not None and target < address and target in index:
+            yield index[target], last
+
+
 def opcode(text):
     """The opcode of an instruction's text, past its predicate (e.g. "@!P0")."""
     words = text.split()

@@ -2,11 +2,13 @@
 are summed where the SASS landmarks put them, and a retry loop after the last EXIT counts in the region it returns to."""
 import csv
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "ncu_regions.py"
+sys.path.insert(0, str(TOOL.parent))  # the tool imports its SASS helpers (sass_waits) from there
 spec = importlib.util.spec_from_file_location("ncu_regions", TOOL)
 ncu_regions = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ncu_regions)
