@@ -58,10 +58,15 @@ if [[ -n ${NCU_ROWS:-} ]]; then
     for build in "${builds[@]}"; do
       name=${build%%=*} lib=${build#*=} pydir=""
       if [[ $lib == *@* ]]; then pydir=$(cd "${lib#*@}" && pwd); lib=${lib%@*}; fi
-      PYTHONPATH="${pydir:+$pydir:}$PYTHONPATH" FLASHJAX_LIBRARY=$lib \
-        timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" \
-        --metrics "$metrics" --kernel-name regex:fwd_kernel_sm --launch-skip 2 --launch-count 1 --csv --page raw \
-        python3 bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$L/ncu.csv" 2>&1
+      # Twice at most: on a freshly started machine the first profiles have come back empty (v25).
+      for attempt in 1 2; do
+        PYTHONPATH="${pydir:+$pydir:}$PYTHONPATH" FLASHJAX_LIBRARY=$lib \
+          timeout "${NCU_S:-90}" "$NCU" --clock-control "${NCU_CLOCK:-base}" \
+          --metrics "$metrics" --kernel-name regex:fwd_kernel_sm --launch-skip 2 --launch-count 1 --csv --page raw \
+          python3 bench/bench.py --rows "^$row\$" --dirs fwd --impls flashjax --trials 1 --reps 3 > "$L/ncu.csv" 2>&1
+        [[ $(grep -c '^"' "$L/ncu.csv") -ge 3 ]] && break
+        echo "$row $name: no ncu data (attempt $attempt): $(grep -v '^"' "$L/ncu.csv" | grep -iE 'error|==ERR|warn' | head -2 | cut -c1-200)"
+      done
       python3 - "$L/ncu.csv" "$row" "$name" "$metrics" <<'EOF'
 import csv, sys
 path, row, name, metrics = sys.argv[1:]
