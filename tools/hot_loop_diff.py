@@ -3,15 +3,19 @@ exactly and with registers masked out (bench/NOTES.md v22: with the same instruc
 allocation of that loop costs the D 128 kernel 1.3-3% of its cycles, as much as the levers A/Bs try to measure).
 
     python3 tools/hot_loop_diff.py A B [--kernel REGEX]
+    python3 tools/hot_loop_diff.py A --fingerprint [--expect FILE]
 
 A and B are libraries (libflashjax.so, or .so.xz as in .devcarry) or SASS dumps (cuobjdump -sass output, e.g. from
-tools/sass.sh). The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles,
+tools/sass.sh). --fingerprint prints a short hash of A's hot loop (its instructions and registers, branch targets
+aside): two builds with the same fingerprint run the same hot loop. With --expect, it also says whether the hash is
+the one FILE records (bench/hot_loop_fingerprint.txt: main's, whose allocation is the best measured, v22-v25). The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles,
 uncapped, unpacked, unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
 a VOTE (the fast path's bound check, or the lazy rescale's) and selects no -INF (no mask). Prints both loops'
 lengths and how many instructions are identical in order (branch targets aside), identical but for registers, and
 of the same opcode; "same hot loop" only when every instruction is identical.
 """
 import argparse
+import hashlib
 import lzma
 import os
 import re
@@ -71,12 +75,39 @@ def hot_loop(rows):
     return best
 
 
+def fingerprint(loop):
+    """12 hex digits that name a hot loop: its instructions in order, registers included, addresses masked."""
+    return hashlib.sha1("\n".join(ADDRESSES.sub("_", t) for t in loop).encode()).hexdigest()[:12]
+
+
+def expected_fingerprint(path):
+    """The hash a fingerprint file records: its first line that is not blank or a # comment, first word."""
+    for line in open(path):
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line.split()[0]
+    sys.exit(f"hot_loop_diff: no fingerprint in {path}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("a")
-    parser.add_argument("b")
+    parser.add_argument("b", nargs="?")
     parser.add_argument("--kernel", default=DEFAULT_KERNEL)
+    parser.add_argument("--fingerprint", action="store_true", help="print A's hot-loop fingerprint")
+    parser.add_argument("--expect", help="with --fingerprint: a fingerprint file to compare with")
     args = parser.parse_args()
+    if args.fingerprint:
+        loop = hot_loop(kernel_instructions(sass_text(args.a), args.kernel))
+        found = fingerprint(loop)
+        print(f"hot loop fingerprint {found} ({len(loop)} instructions)")
+        if args.expect:
+            expected = expected_fingerprint(args.expect)
+            print("the recorded hot loop" if found == expected else
+                  f"not the recorded hot loop ({expected}): an A/B against main also measures this allocation "
+                  "(bench/NOTES.md v22)")
+        return
+    if args.b is None:
+        parser.error("two builds to compare, or --fingerprint")
     loops = [hot_loop(kernel_instructions(sass_text(p), args.kernel)) for p in (args.a, args.b)]
     # Branch targets move whenever code elsewhere changes: addresses are masked in every comparison. Registers are
     # not, except in the second count: a loop that differs only in its registers is a different loop (v22).

@@ -65,3 +65,38 @@ def test_a_smaller_masked_loop_is_not_the_hot_loop(tmp_path):
 def test_no_hot_loop(tmp_path):
     rc, out = run(tmp_path, dump([t for t in LOOP if not t.startswith("VOTE")]), dump(LOOP))
     assert rc != 0 and "no unmasked loop with wgmmas and a vote" in out
+
+
+def fingerprint(tmp_path, text, expect=None):
+    (tmp_path / "a.sass").write_text(text)
+    command = [sys.executable, str(TOOL), str(tmp_path / "a.sass"), "--fingerprint"]
+    if expect is not None:
+        (tmp_path / "fingerprint.txt").write_text(f"# a comment\n\n{expect} some build\n")
+        command += ["--expect", str(tmp_path / "fingerprint.txt")]
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_fingerprint_names_the_loop_not_its_addresses(tmp_path):
+    first = fingerprint(tmp_path, dump(LOOP)).split()[3]
+    assert fingerprint(tmp_path, dump(LOOP, start=0x900, other_first=False)).split()[3] == first
+    renamed = list(LOOP)
+    renamed[16] = "FFMA R12, R90, UR22, -R2"  # the same loop but for one register
+    assert fingerprint(tmp_path, dump(renamed)).split()[3] != first
+    assert "(21 instructions)" in fingerprint(tmp_path, dump(LOOP))
+
+
+def test_fingerprint_against_the_recorded_one(tmp_path):
+    recorded = fingerprint(tmp_path, dump(LOOP)).split()[3]
+    assert "the recorded hot loop" in fingerprint(tmp_path, dump(LOOP), expect=recorded)
+    renamed = list(LOOP)
+    renamed[18] = "FADD R11, R10, R13"
+    out = fingerprint(tmp_path, dump(renamed), expect=recorded)
+    assert f"not the recorded hot loop ({recorded})" in out
+
+
+def test_one_build_needs_fingerprint(tmp_path):
+    (tmp_path / "a.sass").write_text(dump(LOOP))
+    out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "a.sass")], capture_output=True, text=True)
+    assert out.returncode != 0 and "two builds to compare, or --fingerprint" in out.stderr
