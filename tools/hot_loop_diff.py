@@ -8,8 +8,9 @@ allocation of that loop costs the D 128 kernel 1.3-3% of its cycles, as much as 
 A and B are libraries (libflashjax.so, or .so.xz as in .devcarry) or SASS dumps (cuobjdump -sass output, e.g. from
 tools/sass.sh). --fingerprint prints a short hash of A's hot loop (its instructions and registers, branch targets
 aside): two builds with the same fingerprint run the same hot loop. With --expect, it also says whether the hash is
-the one FILE records (bench/hot_loop_fingerprint.txt: main's, whose allocation is the best measured, v22-v25). The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles,
-uncapped, unpacked, unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
+the one FILE records (bench/hot_loop_fingerprint.txt: main's, whose allocation is the best measured, v22-v25).
+The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles, uncapped, unpacked,
+unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
 a VOTE (the fast path's bound check, or the lazy rescale's) and selects no -INF (no mask). Prints both loops'
 lengths and how many instructions are identical in order (branch targets aside), identical but for registers, and
 of the same opcode; "same hot loop" only when every instruction is identical.
@@ -19,6 +20,7 @@ import hashlib
 import lzma
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +40,10 @@ def cuobjdump():
             return path
     except ImportError:
         pass
-    return "cuobjdump"
+    path = shutil.which("cuobjdump")
+    if path is None:
+        sys.exit("hot_loop_diff: no cuobjdump (tools/sass.sh installs it into .venv)")
+    return path
 
 
 def sass_text(path):
@@ -96,8 +101,9 @@ def main():
     parser.add_argument("--fingerprint", action="store_true", help="print A's hot-loop fingerprint")
     parser.add_argument("--expect", help="with --fingerprint: a fingerprint file to compare with")
     args = parser.parse_args()
+    hot_loop_of = lambda path: hot_loop(kernel_instructions(sass_text(path), args.kernel))
     if args.fingerprint:
-        loop = hot_loop(kernel_instructions(sass_text(args.a), args.kernel))
+        loop = hot_loop_of(args.a)
         found = fingerprint(loop)
         print(f"hot loop fingerprint {found} ({len(loop)} instructions)")
         if args.expect:
@@ -108,7 +114,7 @@ def main():
         return
     if args.b is None:
         parser.error("two builds to compare, or --fingerprint")
-    loops = [hot_loop(kernel_instructions(sass_text(p), args.kernel)) for p in (args.a, args.b)]
+    loops = [hot_loop_of(p) for p in (args.a, args.b)]
     # Branch targets move whenever code elsewhere changes: addresses are masked in every comparison. Registers are
     # not, except in the second count: a loop that differs only in its registers is a different loop (v22).
     pairs = list(zip(*([ADDRESSES.sub("_", t) for t in loop] for loop in loops)))
