@@ -28,6 +28,7 @@
 #include "kernels/sm90/fwd_epilogue.cuh"
 #include "kernels/sm90/fwd_mainloop.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
+#include "kernels/sm90/fwd_probe.cuh"
 #include "kernels/sm90/fwd_softmax.cuh"
 #include "kernels/sm90/fwd_split_epilogue.cuh"
 #include "kernels/sm90/fwd_tile_scheduler.cuh"
@@ -159,6 +160,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto& shared = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_bytes);
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool is_producer = warpgroup == 0;
+  probe::Recorder recorder;
+  recorder.at_entry();
 
   if (threadIdx.x == 0) {
     for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
@@ -175,6 +178,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   // early: its CTAs take SMs only as ours exit (shared memory), and wait the same way. Both are no-ops without PDL.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  recorder.after_wait();
 
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
 
@@ -236,6 +240,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, write_k, leader,
                            typename Mainloop::QuerySlot(tiles_with_work++), params.tiling, at, scheduled.blocks);
       } else {
+        // At kernel start every CTA's first loads meet a cold memory system at once, and the first GEMM needs Q
+        // and K of the first block, V only one GEMM later: the first V waits until the first Q has landed (its
+        // buffer 0, phase 0), so it does not share that burst (causal D 128 S 4k: first block done 7.0 -> 5.5 us
+        // after the kernel's start; bench/NOTES.md v27). That barrier cannot complete a second phase before this
+        // wait sees the first: the next Q into buffer 0 waits for this tile's epilogue, which needs this V.
+        if (tiles_with_work++ == 0) shared.barriers.q[0].wait(0);
         Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
       }
     }
@@ -336,6 +346,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     auto work = consumer_tile(scheduled, tiles_with_work++);
     Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, work, consumer_wg, thread_in_wg,
                           transform, acc_o, softmax);
+    recorder.first_block_done();
     while (true) {
       Mainloop::steady_blocks(shared.tensors, pipeline_k, pipeline_v, state, work, consumer_wg, thread_in_wg,
                               transform, acc_o, softmax);
@@ -352,10 +363,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         Mainloop::tail_and_prefetch(shared.tensors, shared.barriers, pipeline_k, pipeline_v, state, next_work,
                                     consumer_wg, thread_in_wg, acc_o);
         store_tile(tile, work);
+        recorder.tile_done(tile.m_block, work.blocks.num_blocks(), tile.head);
         Mainloop::finish_prefetch(pipeline_k, state, next_work, thread_in_wg, transform, acc_o, softmax);
       } else {
         Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
         store_tile(tile, work);
+        recorder.tile_done(tile.m_block, work.blocks.num_blocks(), tile.head);
         Mainloop::first_block(shared.tensors, shared.barriers, pipeline_k, state, next_work, consumer_wg,
                               thread_in_wg, transform, acc_o, softmax);
       }
@@ -364,7 +377,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     }
     Mainloop::tail(shared.tensors, pipeline_v, state, consumer_wg, thread_in_wg, acc_o);
     store_tile(tile, work);
+    recorder.tile_done(tile.m_block, work.blocks.num_blocks(), tile.head);
   }
+  recorder.at_exit();
   Epilogue::drain(thread_in_wg);
 #endif
 }

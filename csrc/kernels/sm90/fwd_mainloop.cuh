@@ -194,7 +194,8 @@ struct FwdMainloopSm90 {
   // Producer side of one tile with work (blocks not empty), split over two warps of the producer warpgroup so that
   // neither tensor's loads queue behind the other's stage releases: warp 0 loads K of b(0), then Q (once the
   // consumers have freed its buffer: QueryEmpty), then K of b(1), b(2), ... (load_q_k); warp 1 loads V of b(0),
-  // b(1), ... (load_v); b(t) = blocks.block_at(t). In each warp one lane (`leader`, the pipeline's is_leader)
+  // b(1), ... (load_v; at the CTA's first tile only after that tile's Q has landed: fwd_kernel.cuh);
+  // b(t) = blocks.block_at(t). In each warp one lane (`leader`, the pipeline's is_leader)
   // issues; the whole warp walks the loop and keeps the pipeline state (uniform control flow). Each ring is a plain
   // producer-consumer ring: the consumers release K of b(t) after waiting for K of b(t) and V of b(t - 1), both
   // loaded by warps that never wait on each other, so neither ring can deadlock. (With one warp issuing both, in

@@ -1,0 +1,119 @@
+"""Per-CTA timelines of the sm90 forward kernel (diagnostic; bench/NOTES.md v27).
+
+Runs bench.py's d128-s4096-causal row with a library built with -DFLASHJAX_PROBE (csrc/kernels/sm90/fwd_probe.cuh,
+via tools/codegen_variant.sh) in two regimes, and saves the raw records as .npy under OUT:
+  bench:    reps calls back to back, rotating through three input sets (bench.py's trials);
+  isolated: each call alone, the GPU idle before it.
+Each record is one (launch, CTA): smid, globaltimer at entry / after griddepcontrol.wait / first block done / exit,
+clock64 at entry and exit, and per tile its end time and (m_block, blocks, head).
+  FLASHJAX_LIBRARY=probe.so python tools/cta_timeline.py OUT [--rows ROW] [--chain]
+"""
+import argparse
+import ctypes
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+import jax  # noqa: E402
+
+import bench  # noqa: E402
+
+LAUNCHES, CTAS, SLOTS = 64, 160, 64
+
+
+def read(lib, reset=True):
+    buf = np.zeros((LAUNCHES, CTAS, SLOTS), np.uint64)
+    err = lib.flashjax_probe_read(buf.ctypes.data_as(ctypes.c_void_p), int(reset))
+    assert err == 0, f"flashjax_probe_read: cuda error {err}"
+    return buf
+
+
+def summary(name, rec):
+    used = rec[:, :, 4] > 0  # exit recorded
+    launches = [l for l in range(LAUNCHES) if used[l].any()]
+    print(f"== {name}: {len(launches)} launches, {used[launches[0]].sum()} CTAs")
+    prev_end = None
+    rows = []
+    for l in launches:
+        r = rec[l][used[l]].astype(np.int64)
+        start = r[:, 2].min()
+        ends = r[:, 4] - start
+        first = r[:, 3] - r[:, 2]
+        span = ends.max()
+        rows.append((l, span, ends.mean(), ends.min(), np.median(first), first.max(),
+                     (r[:, 2].min() - prev_end) if prev_end is not None else 0, r[:, 2].max() - start))
+        prev_end = r[:, 4].max()
+    a = np.array(rows, np.float64)
+    print("launch span_us end_mean/min (of span) first_block_us median/max gap_from_prev_us wait_spread_us")
+    for row in a[:6].tolist() + a[-3:].tolist():
+        print(f"{int(row[0]):3d} {row[1]/1e3:8.1f} {row[2]/row[1]:.4f} {row[3]/row[1]:.4f} "
+              f"{row[4]/1e3:7.2f} {row[5]/1e3:7.2f} {row[6]/1e3:8.2f} {row[7]/1e3:7.2f}")
+    # Balance: each CTA's clock (clock64 over globaltimer) and its busy cycles, and where the next launch enters.
+    clocks, cycles, entry_after = [], [], []
+    for i, l in enumerate(launches):
+        r = rec[l][used[l]].astype(np.int64)
+        clocks.append((r[:, 7] - r[:, 6]) / (r[:, 4] - r[:, 1]))
+        cycles.append(r[:, 7] - r[:, 6])
+        if i > 0:
+            entry_after.append(r[:, 1].min() - rec[launches[i - 1]][used[launches[i - 1]]][:, 4].max().astype(np.int64))
+    clocks, cycles = np.array(clocks), np.array(cycles, np.float64)
+    print(f"CTA clocks {np.median(clocks.min(1)):.3f}-{np.median(clocks.max(1)):.3f} GHz; busy cycles max / mean "
+          f"{np.median(cycles.max(1) / cycles.mean(1)):.4f}, min / mean {np.median(cycles.min(1) / cycles.mean(1)):.4f}; "
+          f"first entry after the previous launch's last exit {np.median(entry_after) / 1e3:.2f} us")
+    med = np.median(a[1:], axis=0)
+    print(f"median: span {med[1]/1e3:.1f} us, end mean {med[2]/med[1]:.4f} min {med[3]/med[1]:.4f} of span, "
+          f"first block {med[4]/1e3:.2f} us (max {med[5]/1e3:.2f}), gap {med[6]/1e3:.2f} us, "
+          f"wait spread {med[7]/1e3:.2f} us")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--rows", default="^d128-s4096-causal$")
+    p.add_argument("--reps", type=int, default=48)
+    p.add_argument("--chain", action="store_true", help="two calls per jitted function (one XLA executable)")
+    args = p.parse_args()
+    from flashjax import _ffi
+    lib = _ffi.library()
+    lib.flashjax_probe_read.restype = ctypes.c_int
+    lib.flashjax_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    import re
+    rows = [r for r in bench.grid_rows(16384, 2048, (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
+            if re.search(args.rows, r.name)]
+    for row in rows:
+        one = bench.attention_fn("flashjax", row, "kernel")
+        sets = [s[:3] for s in bench.make_inputs(row, 3, 0)]
+        if args.chain:  # each execution: this set's call, then the next set's
+            pairs = [sets[i] + sets[(i + 1) % 3] for i in range(3)]
+            fn = jax.jit(lambda q, k, v, q2, k2, v2: (one(q, k, v), one(q2, k2, v2)))
+            sets = pairs
+        else:
+            fn = jax.jit(one)
+        for s in sets:
+            jax.block_until_ready(fn(*s))
+        time.sleep(0.5)
+        for s in sets:  # warm, as bench.py's calibration
+            jax.block_until_ready(fn(*s))
+        read(lib, reset=True)
+        out = None
+        reps = args.reps // 2 if args.chain else args.reps
+        for r in range(reps):
+            out = fn(*sets[r % 3])
+        jax.block_until_ready(out)
+        rec_bench = read(lib)
+        for r in range(6 if args.chain else 12):
+            time.sleep(0.05)
+            jax.block_until_ready(fn(*sets[r % 3]))
+        rec_iso = read(lib)
+        tag = row.name + ("-chain" if args.chain else "")
+        np.save(os.path.join(args.out, f"{tag}-bench.npy"), rec_bench)
+        np.save(os.path.join(args.out, f"{tag}-isolated.npy"), rec_iso)
+        summary(f"{row.name} bench", rec_bench)
+        summary(f"{row.name} isolated", rec_iso)
+
+
+if __name__ == "__main__":
+    main()
