@@ -100,3 +100,12 @@ def test_one_build_needs_fingerprint(tmp_path):
     (tmp_path / "a.sass").write_text(dump(LOOP))
     out = subprocess.run([sys.executable, str(TOOL), str(tmp_path / "a.sass")], capture_output=True, text=True)
     assert out.returncode != 0 and "two builds to compare, or --fingerprint" in out.stderr
+
+
+def test_the_bf16_kernel_is_found_behind_the_fp16_one(tmp_path):
+    """A full kernel-set build lists the fp16 kernel of the same shape first: the default pattern must skip it."""
+    fp16 = KERNEL.replace("10bfloat16_t", "6half_t")
+    other = list(LOOP)
+    other[16] = "FFMA R12, R90, UR22, -R2"  # the fp16 kernel's loop, another allocation
+    text = dump(other, kernel=fp16) + dump(LOOP, other_first=False)
+    assert fingerprint(tmp_path, text).split()[3] == fingerprint(tmp_path, dump(LOOP)).split()[3]
