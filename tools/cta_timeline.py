@@ -11,17 +11,26 @@ clock64 at entry and exit, and per tile its end time and (m_block, blocks, head)
 import argparse
 import ctypes
 import os
+import re
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
-import jax  # noqa: E402
+LAUNCHES, CTAS, SLOTS = 64, 160, 64  # fwd_probe.cuh's kLaunches, kCtas, kSlots
+# A record's slots (fwd_probe.cuh's Slot): then per tile, from TILE_BASE, its end time and (m_block | blocks << 16 |
+# head << 32).
+SMID, ENTRY, AFTER_WAIT, FIRST_BLOCK_DONE, EXIT, TILES, CLOCK_ENTRY, CLOCK_EXIT, TILE_BASE = range(9)
 
-import bench  # noqa: E402
 
-LAUNCHES, CTAS, SLOTS = 64, 160, 64
+def tile_ends(record):
+    """The end times of a record's tiles, in the CTA's order."""
+    return record[TILE_BASE:TILE_BASE + 2 * int(record[TILES]):2]
+
+
+def tile_blocks(record):
+    """The KV block counts of a record's tiles, in the CTA's order."""
+    return (record[TILE_BASE + 1:TILE_BASE + 1 + 2 * int(record[TILES]):2] >> 16) & 0xffff
 
 
 def read(lib, reset=True):
@@ -32,33 +41,30 @@ def read(lib, reset=True):
 
 
 def summary(name, rec):
-    used = rec[:, :, 4] > 0  # exit recorded
+    used = rec[:, :, EXIT] > 0  # exit recorded
     launches = [l for l in range(LAUNCHES) if used[l].any()]
     print(f"== {name}: {len(launches)} launches, {used[launches[0]].sum()} CTAs")
-    prev_end = None
-    rows = []
+    prev_exit = None
+    rows, clocks, cycles, entry_after = [], [], [], []
     for l in launches:
         r = rec[l][used[l]].astype(np.int64)
-        start = r[:, 2].min()
-        ends = r[:, 4] - start
-        first = r[:, 3] - r[:, 2]
+        start = r[:, AFTER_WAIT].min()
+        ends = r[:, EXIT] - start
+        first = r[:, FIRST_BLOCK_DONE] - r[:, AFTER_WAIT]
         span = ends.max()
         rows.append((l, span, ends.mean(), ends.min(), np.median(first), first.max(),
-                     (r[:, 2].min() - prev_end) if prev_end is not None else 0, r[:, 2].max() - start))
-        prev_end = r[:, 4].max()
+                     start - prev_exit if prev_exit is not None else 0, r[:, AFTER_WAIT].max() - start))
+        # Balance: each CTA's clock (clock64 over globaltimer) and its busy cycles, and where this launch entered.
+        clocks.append((r[:, CLOCK_EXIT] - r[:, CLOCK_ENTRY]) / (r[:, EXIT] - r[:, ENTRY]))
+        cycles.append(r[:, CLOCK_EXIT] - r[:, CLOCK_ENTRY])
+        if prev_exit is not None:
+            entry_after.append(r[:, ENTRY].min() - prev_exit)
+        prev_exit = r[:, EXIT].max()
     a = np.array(rows, np.float64)
     print("launch span_us end_mean/min (of span) first_block_us median/max gap_from_prev_us wait_spread_us")
     for row in a[:6].tolist() + a[-3:].tolist():
         print(f"{int(row[0]):3d} {row[1]/1e3:8.1f} {row[2]/row[1]:.4f} {row[3]/row[1]:.4f} "
               f"{row[4]/1e3:7.2f} {row[5]/1e3:7.2f} {row[6]/1e3:8.2f} {row[7]/1e3:7.2f}")
-    # Balance: each CTA's clock (clock64 over globaltimer) and its busy cycles, and where the next launch enters.
-    clocks, cycles, entry_after = [], [], []
-    for i, l in enumerate(launches):
-        r = rec[l][used[l]].astype(np.int64)
-        clocks.append((r[:, 7] - r[:, 6]) / (r[:, 4] - r[:, 1]))
-        cycles.append(r[:, 7] - r[:, 6])
-        if i > 0:
-            entry_after.append(r[:, 1].min() - rec[launches[i - 1]][used[launches[i - 1]]][:, 4].max().astype(np.int64))
     clocks, cycles = np.array(clocks), np.array(cycles, np.float64)
     print(f"CTA clocks {np.median(clocks.min(1)):.3f}-{np.median(clocks.max(1)):.3f} GHz; busy cycles max / mean "
           f"{np.median(cycles.max(1) / cycles.mean(1)):.4f}, min / mean {np.median(cycles.min(1) / cycles.mean(1)):.4f}; "
@@ -76,11 +82,14 @@ def main():
     p.add_argument("--reps", type=int, default=48)
     p.add_argument("--chain", action="store_true", help="two calls per jitted function (one XLA executable)")
     args = p.parse_args()
+    # JAX and bench.py only here: the record layout and summary() serve offline readers too (v27_plan_sim.py).
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import jax
+    import bench
     from flashjax import _ffi
     lib = _ffi.library()
     lib.flashjax_probe_read.restype = ctypes.c_int
     lib.flashjax_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    import re
     rows = [r for r in bench.grid_rows(16384, 2048, (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
             if re.search(args.rows, r.name)]
     for row in rows:

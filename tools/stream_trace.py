@@ -1,6 +1,6 @@
 """What the GPU stream runs between two calls (diagnostic; bench/NOTES.md v27): a jax.profiler trace of bench.py's
 back-to-back calls of one row, per implementation, saved as a Perfetto trace under OUT/<impl>/.
-  python tools/stream_trace.py OUT [--rows ROW] [--impls cudnn,flashjax] [--chain]
+  python tools/stream_trace.py OUT [--rows ROW] [--impls cudnn,flashjax] [--reps N]
 """
 import argparse
 import os

@@ -7,8 +7,14 @@ CTA's exit from its start, its tiles' cycles (fitted from the records) and its S
 """
 import argparse
 import heapq
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+from cta_timeline import (AFTER_WAIT, CLOCK_ENTRY, CLOCK_EXIT, ENTRY, EXIT, tile_blocks,  # noqa: E402
+                          tile_ends)
 
 
 def bulk_m(p, num_m):
@@ -73,28 +79,26 @@ def main():
     p.add_argument("--head-batches", type=int, default=64)
     args = p.parse_args()
     rec = np.load(args.records).astype(np.int64)
-    launches = [l for l in range(rec.shape[0]) if (rec[l, :, 4] > 0).any()][1:]
-    grid = int((rec[launches[0], :, 4] > 0).sum())
+    launches = [l for l in range(rec.shape[0]) if (rec[l, :, EXIT] > 0).any()][1:]
+    grid = int((rec[launches[0], :, EXIT] > 0).sum())
     num_m = args.num_m
     start, end, clock, per_tile = np.zeros(grid), np.zeros(grid), np.zeros(grid), []
     for l in launches:
-        t0 = rec[l, :grid, 2].min()
+        t0 = rec[l, :grid, AFTER_WAIT].min()
         for c in range(grid):
             r = rec[l, c]
-            n = r[5]
-            blocks = (r[9:8 + 2 * n:2] >> 16) & 0xffff
-            ghz = (r[7] - r[6]) / (r[4] - r[1])
+            blocks, ends = tile_blocks(r), tile_ends(r)
+            ghz = (r[CLOCK_EXIT] - r[CLOCK_ENTRY]) / (r[EXIT] - r[ENTRY])
             clock[c] += ghz / len(launches)
-            start[c] += (r[2] - t0) / len(launches)
-            end[c] += (r[4] - t0) / len(launches)
-            ends = r[8:8 + 2 * n:2]
-            per_tile += [(blocks[k], (ends[k] - ends[k - 1]) * ghz) for k in range(1, n)]
+            start[c] += (r[AFTER_WAIT] - t0) / len(launches)
+            end[c] += (r[EXIT] - t0) / len(launches)
+            per_tile += [(blocks[k], (ends[k] - ends[k - 1]) * ghz) for k in range(1, len(ends))]
     t = np.array(per_tile, float)
     (per_block, per_tile_cost), *_ = np.linalg.lstsq(np.stack([t[:, 0], np.ones(len(t))], 1), t[:, 1], rcond=None)
     true = [per_block * (m + 1) + per_tile_cost for m in range(num_m)]
     main_cost = [5 * (m + 1) + 8 for m in range(num_m)]
     _, _, lists = plan(num_m, args.head_batches, grid, main_cost)
-    recorded = [((rec[launches[0], c, 9:8 + 2 * rec[launches[0], c, 5]:2] >> 16) & 0xffff).tolist() for c in range(grid)]
+    recorded = [tile_blocks(rec[launches[0], c]).tolist() for c in range(grid)]
     print(f"replica matches the recorded tile lists of {sum(r == [m + 1 for m in l] for r, l in zip(recorded, lists))}"
           f" of {grid} CTAs")
     cycles = lambda lists: np.array([sum(true[m] for m in l) for l in lists])

@@ -29,20 +29,20 @@ __device__ __forceinline__ uint64_t now() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ bool recorder() { return threadIdx.x == 128; }  // consumer warpgroup 0's first thread
+__device__ __forceinline__ bool is_recording_thread() { return threadIdx.x == 128; }  // consumer warpgroup 0's first
 struct Recorder {
-  uint64_t* record = nullptr;
+  uint64_t* record = nullptr;  // set in after_wait, on the recording thread only
   int tiles = 0;
   uint64_t entry = 0, clock_entry = 0;
   __device__ void at_entry() {
-    if (!recorder()) return;
+    if (!is_recording_thread()) return;
     entry = now();
     clock_entry = clock64();
   }
   __device__ void after_wait() {
-    if (!recorder()) return;
+    if (!is_recording_thread() || blockIdx.x >= kCtas) return;
     const int launch = launches[blockIdx.x]++;
-    if (launch >= kLaunches || blockIdx.x >= kCtas) return;
+    if (launch >= kLaunches) return;
     record = records[launch][blockIdx.x];
     uint32_t smid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -52,10 +52,10 @@ struct Recorder {
     record[kAfterWait] = now();
   }
   __device__ void first_block_done() {
-    if (recorder() && record != nullptr) record[kFirstBlockDone] = now();
+    if (record != nullptr) record[kFirstBlockDone] = now();
   }
   __device__ void tile_done(int m_block, int blocks, int head) {
-    if (!recorder() || record == nullptr) return;
+    if (record == nullptr) return;
     if (tiles < kMaxTiles) {
       record[kTileBase + 2 * tiles] = now();
       record[kTileBase + 2 * tiles + 1] =
@@ -64,7 +64,7 @@ struct Recorder {
     ++tiles;
   }
   __device__ void at_exit() {
-    if (!recorder() || record == nullptr) return;
+    if (record == nullptr) return;
     record[kTiles] = tiles;
     record[kClockExit] = clock64();
     record[kExit] = now();
