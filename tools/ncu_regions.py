@@ -12,7 +12,7 @@ warps' whole time, the producer row to the producer warps'.
 
 The regions are found from the SASS itself, in address order (ptxas lays the consumer path out as the kernel source
 reads; checked on the D 128 kernels, bench/NOTES.md v24):
-  the two steady loops: the innermost loops (backward branches) whose body holds at least 16 HGMMAs, the masked
+  the two steady loops: the innermost loops (backward branches) whose body holds at least 12 HGMMAs, the masked
   loop first;
   between tiles, after the unmasked loop: the next tile's decode, up to the tail turn's ping-pong BAR.SYNC (256
   threads); the tail turn, up to its PV wait (WARPGROUP.DEPBAR.LE gsb0, 0x1); the epilogue, up to the Q buffer's
@@ -28,7 +28,9 @@ import sys
 
 from sass_waits import branch_target, loops  # tools/ is this script's directory
 
-MIN_LOOP_HGMMAS = 16
+# HGMMAs per steady step: Q K^T takes D / 16 and P V kBlockN / 16, so 4 + 8 at D 64 on 128 x 128 tiles (the fewest of
+# any kernel here) and 8 + 8 at D 128.
+MIN_LOOP_HGMMAS = 12
 
 
 def read(path):
@@ -75,9 +77,16 @@ def regions(lines, base):
 
     tail_turn = first_after(unmasked_end, r"BAR\.SYNC\S*\s+\S+,\s*0x100\b")
     pv_wait = first_after(tail_turn, r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b")
-    release = first_after(pv_wait, r"BAR\.ARV\s+\S+,\s*0x120\b")
-    back = next(l["offset"] for l in lines[at[release] + 1:]
+    back = next(l["offset"] for l in lines[at[pv_wait] + 1:]
                 if (t := target_of(l["text"])) is not None and t < masked_start and "@" not in l["text"])
+    # The epilogue ends at its last barrier: the Q buffer's release (BAR.ARV of the producer warp and every consumer
+    # thread: 0x120 with two consumer warpgroups, 0x1a0 with three) where O is staged in the Q buffer, else the
+    # warpgroup's sync after its O staging (BAR.SYNC of 128 threads; the Q buffer was released before the decode).
+    ends = [l["offset"] for l in lines[at[pv_wait] + 1:at[back]]
+            if re.search(r"BAR\.ARV\s+\S+,\s*0x(120|1a0)\b|BAR\.SYNC\S*\s+\S+,\s*0x80\b", l["text"])]
+    if not ends:
+        sys.exit(f"ncu_regions: no epilogue barrier between {pv_wait:#x} and {back:#x}")
+    release = ends[-1]
     consumer_exit = next(o for o in exits if o > back)
     starts = [
         (0, "kernel start, first tile's first block"),
