@@ -11,7 +11,6 @@ clock64 at entry and exit, and per tile its end time and (m_block, blocks, head)
 import argparse
 import ctypes
 import os
-import re
 import sys
 import time
 
@@ -90,8 +89,7 @@ def main():
     lib = _ffi.library()
     lib.flashjax_probe_read.restype = ctypes.c_int
     lib.flashjax_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    rows = [r for r in bench.grid_rows(16384, 2048, (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
-            if re.search(args.rows, r.name)]
+    rows = bench.select_rows(bench.parse_args(["--rows", args.rows]))  # of bench.py's default grid
     for row in rows:
         one = bench.attention_fn("flashjax", row, "kernel")
         sets = [s[:3] for s in bench.make_inputs(row, 3, 0)]

@@ -57,13 +57,15 @@ def gaps(lines, pattern):
     return out, names
 
 
-def trace_calls(fn, sets, reps, trace_dir):
+def trace_calls(fn, sets, reps, trace_dir, perfetto=False):
+    """A jax.profiler trace under trace_dir of reps back-to-back calls of fn, rotating through sets, after two warm
+    passes and a short idle (tools/stream_trace.py's traces too)."""
     import jax
     for _ in range(2):
         for s in sets:
             jax.block_until_ready(fn(*s))
     time.sleep(0.2)
-    jax.profiler.start_trace(trace_dir)
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=perfetto)
     out = None
     for r in range(reps):
         out = fn(*sets[r % len(sets)])
@@ -92,15 +94,13 @@ def main():
     # The barrier keeps the two halves in two fusions: two kernels in one execution.
     two = jax.jit(lambda a: jax.lax.optimization_barrier(a * 2 + 1) * 3 - 1)
     cases.append(("xla elementwise chained x2", two, xs, "."))
-    rows = [r for r in bench.grid_rows(16384, 2048, (64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384))
-            if re.search(args.rows, r.name)]
+    rows = bench.select_rows(bench.parse_args(["--rows", args.rows]))  # of bench.py's default grid
     for row in rows:
         sets = [s[:3] for s in bench.make_inputs(row, 3, 0)]
-        for impl in ("flashjax", "cudnn"):
-            fn = bench.attention_fn(impl, row, "kernel")
-            cases.append((f"{row.name} {impl}", jax.jit(fn), sets, "fwd_kernel_sm90" if impl == "flashjax" else "."))
         attn = bench.attention_fn("flashjax", row, "kernel")
-        chained = jax.jit(lambda q, k, v, attn=attn: attn(attn(q, k, v), k, v))
+        cases.append((f"{row.name} flashjax", jax.jit(attn), sets, "fwd_kernel_sm90"))
+        cases.append((f"{row.name} cudnn", jax.jit(bench.attention_fn("cudnn", row, "kernel")), sets, "."))
+        chained = jax.jit(lambda q, k, v, attn=attn: attn(attn(q, k, v), k, v))  # this row's attn, bound now
         cases.append((f"{row.name} flashjax chained x2", chained, sets, "fwd_kernel_sm90"))
     print(f"FLASHJAX_SM90_PDL={pdl}; idle stream time before each matching event, us (median, min, max; n)")
     for i, (name, fn, sets, pattern) in enumerate(cases):
