@@ -32,7 +32,7 @@ def retyped(cfg):
 
 
 # Most telling first: a call's time limit may cut the list (each case compiles its own kernel and reference calls).
-cases = [  # (config, key scale along the keys or None)
+cases = [  # (config, key scale along the keys or None[, query scale along the queries])
     (C("bfloat16", 2, 1000, 3001, 8, 2, 128, 128, True, (-1, -1), True, 0.0), None),
     (C("bfloat16", 2, 3001, 1000, 8, 2, 128, 128, True, (-1, -1), False, 0.0), None),
     (C("bfloat16", 1, 2500, 2500, 4, 1, 64, 64, True, (-1, -1), False, 0.0), None),
@@ -42,6 +42,10 @@ cases = [  # (config, key scale along the keys or None)
 ]
 # The GPU tests' tile-choice shapes in scope come first: a variant that changes tile sizes is checked there at once.
 cases[:0] = [(retyped(cfg), None) for cfg in tk.TILE_CHOICE_CASES if in_scope(retyped(cfg))]
+# Then queries whose rows of one thread have maxima far apart (test_kernels.FAR_APART_ROWS_CASES).
+far_apart = [(retyped(cfg), None, tk._alternating_queries(factor))
+             for cfg in tk.FAR_APART_ROWS_CASES if in_scope(retyped(cfg)) for factor in (10.0, 40.0)]
+cases[len(cases) - 6:len(cases) - 6] = far_apart
 windows = [(100, 0), (0, 300), (257, 129), (1000, -1), (-1, 77), (0, 0), (3000, 3000)]
 for i, window in enumerate(windows):
     d = BUILT_HEAD_DIMS[i % len(BUILT_HEAD_DIMS)]
@@ -61,14 +65,16 @@ while n_random > 0:
     if in_scope(cfg):
         cases.append((cfg, None))
         n_random -= 1
+cases = [case if len(case) == 3 else (*case, None) for case in cases]  # (config, key scale, query scale)
 if "--list" in sys.argv:
-    for cfg, key_scale in cases:
-        print(cfg, "(key scale)" if key_scale else "")
+    for cfg, key_scale, query_scale in cases:
+        print(cfg, "(key scale)" if key_scale else "", "(query scale)" if query_scale else "")
     sys.exit(0)
 bad = 0
-for i, (cfg, key_scale) in enumerate(cases):
+for i, (cfg, key_scale, query_scale) in enumerate(cases):
     try:
-        tk._assert_kernel_matches_reference(cfg, np.random.default_rng(1000 + i), f"case {i}", key_scale)
+        tk._assert_kernel_matches_reference(cfg, np.random.default_rng(1000 + i), f"case {i}", key_scale,
+                                            query_scale)
         print("ok  ", cfg, flush=True)
     except Exception as err:  # noqa: BLE001
         bad += 1

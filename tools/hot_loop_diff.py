@@ -11,9 +11,16 @@ aside): two builds with the same fingerprint run the same hot loop. With --expec
 the one FILE records (bench/hot_loop_fingerprint.txt: main's, whose allocation is the best measured, v22-v25).
 The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles, uncapped, unpacked,
 unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
-a VOTE (the fast path's bound check, or the lazy rescale's) and selects no -INF (no mask). Prints both loops'
+a VOTE (the fast path's bound check, or the lazy rescale's) and applies no mask (a masked loop selects -INF once per
+score; the unmasked one at most a few times, in its fallback softmax). Prints both loops'
 lengths and how many instructions are identical in order (branch targets aside), identical but for registers, and
 of the same opcode; "same hot loop" only when every instruction is identical.
+
+Both modes also count the loop's same-parity reads: instructions (wgmmas aside) that read two general registers of
+equal parity, neither from the operand reuse cache. v25 found the allocations with many of them slow (the row
+references of the exponent FFMAs in registers of one parity: 43-45 in the loop, +2.8-3.4% cycles at full S 4k); main
+has 8, and so do allocations 1.3-1.8% slower than main (bench/NOTES.md v29), so the count rejects that one class
+without a device run and says nothing about the rest.
 """
 import argparse
 import hashlib
@@ -66,19 +73,40 @@ def kernel_instructions(text, pattern):
     sys.exit(f"hot_loop_diff: no kernel matching {pattern!r}")
 
 
+MASK_SELECTS = 8  # fewer -INF selects than this: not a masked loop (a mask has one per score, 32+ per thread)
+
+
 def hot_loop(rows):
     """The smallest loop whose body issues wgmmas and votes (the fast path's bound check, or the lazy rescale's) and
-    applies no mask (no select of -INF): the unmasked steady step, at every head dim."""
+    applies no mask (a mask selects -INF for every score; the fallback softmax of the unmasked step a few times at
+    most): the unmasked steady step, at every head dim."""
     best = None
     for first, last in loops(rows):
         body = [t for _, t in rows[first:last + 1]]
         if (any(t.startswith("HGMMA") for t in body) and any("VOTE." in t for t in body)
-                and not any(t.startswith("FSEL") and "-INF" in t for t in body)
+                and sum(t.startswith("FSEL") and "-INF" in t for t in body) < MASK_SELECTS
                 and (best is None or len(body) < len(best))):
             best = body
     if best is None:
         sys.exit("hot_loop_diff: no unmasked loop with wgmmas and a vote in the kernel")
     return best
+
+
+GENERAL_REGISTER = re.compile(r"(?<![U\w])R(\d+)(\.reuse)?")
+
+
+def same_parity_reads(loop):
+    """How many of the loop's instructions (wgmmas aside) read two general registers of equal parity, neither marked
+    .reuse (the operand reuse cache serves those): the register-bank pattern of v25's slow allocations."""
+    count = 0
+    for text in loop:
+        if opcode(text).startswith("HGMMA"):
+            continue
+        operands = text.split(None, 2 if text.startswith("@") else 1)[-1].split(",")[1:]  # sources, past the target
+        parities = [int(m.group(1)) % 2 for operand in operands for m in GENERAL_REGISTER.finditer(operand)
+                    if not m.group(2)]
+        count += any(parities.count(p) >= 2 for p in (0, 1))
+    return count
 
 
 def fingerprint(loop):
@@ -106,7 +134,7 @@ def main():
     if args.fingerprint:
         loop = hot_loop_of(args.a)
         found = fingerprint(loop)
-        print(f"hot loop fingerprint {found} ({len(loop)} instructions)")
+        print(f"hot loop fingerprint {found} ({len(loop)} instructions, {same_parity_reads(loop)} same-parity reads)")
         if args.expect:
             expected = expected_fingerprint(args.expect)
             print("the recorded hot loop" if found == expected else
@@ -124,7 +152,8 @@ def main():
     same_opcode = sum(opcode(x) == opcode(y) for x, y in pairs)
     same = len(loops[0]) == len(loops[1]) and same_but_addresses == len(pairs)
     print(f"hot loop: {len(loops[0])} vs {len(loops[1])} instructions; in order, identical {same_but_addresses}, "
-          f"identical but for registers {same_but_registers}, same opcode {same_opcode}")
+          f"identical but for registers {same_but_registers}, same opcode {same_opcode}; same-parity reads "
+          f"{same_parity_reads(loops[0])} vs {same_parity_reads(loops[1])}")
     print("same hot loop" if same else "different hot loop: an A/B of these builds also measures its allocation")
 
 

@@ -56,10 +56,17 @@ def test_other_registers_or_opcodes_differ(tmp_path, changed, renamed):
 
 
 def test_a_smaller_masked_loop_is_not_the_hot_loop(tmp_path):
-    masked = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0", "FSEL R90, R90, -INF , !P0",
-              "VOTE.ANY R2, PT, P0"]
+    masked = (["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, !UPT, gsb0"]
+              + [f"FSEL R{90 + i}, R{90 + i}, -INF , !P0" for i in range(8)] + ["VOTE.ANY R2, PT, P0"])
     rc, out = run(tmp_path, dump(LOOP, masked_loop=masked), dump(LOOP))
     assert rc == 0 and "same hot loop" in out and "21 vs 21 instructions" in out
+
+
+def test_a_few_minus_inf_selects_do_not_make_a_mask(tmp_path):
+    """The unmasked loop's fallback softmax may select -INF a few times (the shared reference's reset)."""
+    body = LOOP[:-1] + ["FSEL R5, R6, -INF , P1", "VOTE.ALL P0, P0"]
+    rc, out = run(tmp_path, dump(body), dump(body, start=0x900))
+    assert rc == 0 and "same hot loop" in out and "22 vs 22 instructions" in out
 
 
 def test_no_hot_loop(tmp_path):
@@ -84,7 +91,7 @@ def test_fingerprint_names_the_loop_not_its_addresses(tmp_path):
     renamed = list(LOOP)
     renamed[16] = "FFMA R12, R90, UR22, -R2"  # the same loop but for one register
     assert fingerprint(tmp_path, dump(renamed)).split()[3] != first
-    assert "(21 instructions)" in fingerprint(tmp_path, dump(LOOP))
+    assert "(21 instructions, " in fingerprint(tmp_path, dump(LOOP))
 
 
 def test_fingerprint_against_the_recorded_one(tmp_path):
@@ -109,3 +116,15 @@ def test_the_bf16_kernel_is_found_behind_the_fp16_one(tmp_path):
     other[16] = "FFMA R12, R90, UR22, -R2"  # the fp16 kernel's loop, another allocation
     text = dump(other, kernel=fp16) + dump(LOOP, other_first=False)
     assert fingerprint(tmp_path, text).split()[3] == fingerprint(tmp_path, dump(LOOP)).split()[3]
+
+
+@pytest.mark.parametrize("ffma, reads", [("FFMA R10, R90, UR22, -R2", 1), ("FFMA R10, R90, UR22, -R2.reuse", 0),
+                                         ("FFMA R10, R90, UR22, -R3", 0), ("@!P1 FFMA R11, R91, UR22, -R3", 1)])
+def test_same_parity_reads(tmp_path, ffma, reads):
+    """Two general-register sources of one parity and neither reused count once (uniform registers, the target
+    and the wgmmas' accumulators do not); both modes print the count."""
+    body = list(LOOP)
+    body[16] = ffma
+    assert f"(21 instructions, {reads} same-parity reads)" in fingerprint(tmp_path, dump(body))
+    rc, out = run(tmp_path, dump(LOOP), dump(body))
+    assert rc == 0 and f"same-parity reads 1 vs {reads}" in out
