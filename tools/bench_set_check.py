@@ -41,11 +41,11 @@ cases = [  # (config, key scale along the keys or None[, query scale along the q
     (C("bfloat16", 1, 100, 0, 2, 2, 128, 128, False, (-1, -1), False, 0.0), None),
 ]
 # The GPU tests' tile-choice shapes in scope come first: a variant that changes tile sizes is checked there at once.
-cases[:0] = [(retyped(cfg), None) for cfg in tk.TILE_CHOICE_CASES if in_scope(retyped(cfg))]
-# Then queries whose rows of one thread have maxima far apart (test_kernels.FAR_APART_ROWS_CASES).
+# Then queries whose rows of one thread have maxima far apart (test_kernels.FAR_APART_ROWS_CASES), then the above.
+tile_choices = [(retyped(cfg), None) for cfg in tk.TILE_CHOICE_CASES if in_scope(retyped(cfg))]
 far_apart = [(retyped(cfg), None, tk._alternating_queries(factor))
              for cfg in tk.FAR_APART_ROWS_CASES if in_scope(retyped(cfg)) for factor in (10.0, 40.0)]
-cases[len(cases) - 6:len(cases) - 6] = far_apart
+cases = tile_choices + far_apart + cases
 windows = [(100, 0), (0, 300), (257, 129), (1000, -1), (-1, 77), (0, 0), (3000, 3000)]
 for i, window in enumerate(windows):
     d = BUILT_HEAD_DIMS[i % len(BUILT_HEAD_DIMS)]

@@ -12,7 +12,8 @@ the one FILE records (bench/hot_loop_fingerprint.txt: main's, whose allocation i
 The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles, uncapped, unpacked,
 unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
 a VOTE (the fast path's bound check, or the lazy rescale's) and applies no mask (a masked loop selects -INF once per
-score; the unmasked one at most a few times, in its fallback softmax). Prints both loops'
+score; an unmasked one may a few times in its fallback softmax, as bench/experiments/v29-shared-reference.patch's
+does once). Prints both loops'
 lengths and how many instructions are identical in order (branch targets aside), identical but for registers, and
 of the same opcode; "same hot loop" only when every instruction is identical.
 
@@ -78,8 +79,8 @@ MASK_SELECTS = 8  # fewer -INF selects than this: not a masked loop (a mask has 
 
 def hot_loop(rows):
     """The smallest loop whose body issues wgmmas and votes (the fast path's bound check, or the lazy rescale's) and
-    applies no mask (a mask selects -INF for every score; the fallback softmax of the unmasked step a few times at
-    most): the unmasked steady step, at every head dim."""
+    applies no mask (a mask selects -INF for every score; an unmasked step's fallback softmax may a few times):
+    the unmasked steady step, at every head dim."""
     best = None
     for first, last in loops(rows):
         body = [t for _, t in rows[first:last + 1]]

@@ -63,7 +63,8 @@ def test_a_smaller_masked_loop_is_not_the_hot_loop(tmp_path):
 
 
 def test_a_few_minus_inf_selects_do_not_make_a_mask(tmp_path):
-    """The unmasked loop's fallback softmax may select -INF a few times (the shared reference's reset)."""
+    """An unmasked loop's fallback softmax may select -INF a few times (bench/experiments/v29-shared-reference.patch's
+    reset of its shared reference does once)."""
     body = LOOP[:-1] + ["FSEL R5, R6, -INF , P1", "VOTE.ALL P0, P0"]
     rc, out = run(tmp_path, dump(body), dump(body, start=0x900))
     assert rc == 0 and "same hot loop" in out and "22 vs 22 instructions" in out
