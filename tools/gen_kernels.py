@@ -57,7 +57,9 @@ def instantiation(family, direction, dtype, hdim):
     return (f"{HEADER}#include \"{header}\"\n\n"
             f"template cudaError_t flashjax::{family}::run_{direction}<{element}, {hdim}>(\n"
             f"    const flashjax::{params}&, cudaStream_t);\n"
-            f"template int flashjax::{family}::{direction}_smem_bytes<{element}, {hdim}>();\n")
+            f"template int flashjax::{family}::{direction}_smem_bytes<{element}, {hdim}>();\n"
+            f"template flashjax::FamilyChoices flashjax::{family}::{direction}_choices<{element}, {hdim}>(\n"
+            f"    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);\n")
 
 
 def file_name(family, direction, dtype, hdim):
@@ -69,7 +71,7 @@ def table_rows(entries):
     for f, d, t, h in entries:
         row = (f"FLASHJAX_KERNEL({f}, run_{d}, Direction::k{d.capitalize()}, {FAMILIES[(f, d)][1]}, "
                f"DType::{DTYPES[t][1]}, {DTYPES[t][0]}, {h}, {str(f in ARCH_SPECIFIC).lower()}, "
-               f"{d}_smem_bytes)")
+               f"{d}_smem_bytes, {d}_choices)")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
 

@@ -1,5 +1,5 @@
-// XLA FFI handlers: decode buffers and attributes into FwdParams/BwdParams, check them, pick the kernel with the
-// same dispatch function Python asked at trace time, and launch on XLA's stream.
+// XLA FFI handlers: decode buffers and attributes into FwdParams/BwdParams, check them, plan the pass with the plan
+// Python asked at trace time (plan.h), write its choices into the params, and launch on XLA's stream.
 //
 // Handlers are command-buffer compatible: they only launch kernels (and stream-ordered memsets) on the given
 // stream, never synchronize, allocate or read device data on the host.
@@ -11,6 +11,7 @@
 
 #include "ffi/dispatch.h"
 #include "ffi/kernel_table.h"
+#include "ffi/plan.h"
 #include "ffi/strides.h"
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
@@ -135,21 +136,46 @@ class OptionalOperands {
   size_t next_ = 0;
 };
 
+// The pass's plan for the device the handler runs on. num_splits: the forward's count fixed at lowering (1 for the
+// plain target), which sized the workspace.
+PassPlan plan_for(int32_t ordinal, Direction direction, const AttnShape& shape, bool has_sinks, int32_t num_splits,
+                  bool explain) {
+  Problem problem;
+  problem.dtype = shape.dtype;
+  problem.batch = shape.batch;
+  problem.seqlen_q = shape.seqlen_q;
+  problem.seqlen_k = shape.seqlen_k;
+  problem.heads_q = shape.heads_q;
+  problem.heads_k = shape.heads_k;
+  problem.head_dim = shape.head_dim;
+  problem.window_left = shape.window_left;
+  problem.window_right = shape.window_right;
+  problem.softcap = shape.softcap;
+  problem.has_sinks = has_sinks;
+  problem.num_splits = num_splits;
+  DeviceProps device;
+  device.sm = device_sm(ordinal);
+  device.smem_per_block_optin = device_smem_per_block_optin(ordinal);
+  return plan_pass(direction, problem, device, enabled_kernel_table(), compiled_archs(), explain);
+}
+
+// The planned kernel's launch, or the reason no kernel runs the pass (a refusal is always explained).
 template <typename Params>
-ffi::Error launch(int32_t ordinal, Direction direction, const Params& params, cudaStream_t stream) {
-  ProblemKey key;
-  key.direction = direction;
-  key.dtype = params.dtype;
-  key.head_dim = params.head_dim;
-  const Choice choice = choose_kernel(device_sm(ordinal), compiled_archs(), key, enabled_kernel_table(),
-                                      device_smem_per_block_optin(ordinal));
-  if (choice.kernel == nullptr) return invalid(choice.reason);
+ffi::Error launch(const PassPlan& plan, const Params& params, cudaStream_t stream) {
+  if (plan.kernel == nullptr) return invalid(plan.reason);
   using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
-  const cudaError_t err = reinterpret_cast<LaunchFn>(choice.kernel->launch)(params, stream);
+  const cudaError_t err = reinterpret_cast<LaunchFn>(plan.kernel->launch)(params, stream);
   if (err != cudaSuccess) {
     return ffi::Error::Internal(std::string("flashjax: kernel launch failed: ") + cudaGetErrorString(err));
   }
   return ffi::Error::Success();
+}
+
+// The forward's plan into its params: what the family's launcher follows.
+void apply_choices(const PassPlan& plan, FwdParams& p) {
+  p.tile_class = plan.choices.tile_class;
+  p.pack_group = plan.choices.pack_group;
+  p.num_splits = plan.choices.num_splits;
 }
 
 // The forward's operands and attributes (both targets).
@@ -180,7 +206,9 @@ ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
       err.failure()) {
     return err;
   }
-  return launch(ordinal, Direction::kFwd, p, stream);
+  const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  apply_choices(plan, p);
+  return launch(plan, p, stream);
 }
 
 // The forward with split keys (a separate target, so that the plain one keeps the signature exported calls were
@@ -196,16 +224,19 @@ ffi::Error fwd_split_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q
     return err;
   }
   if (num_splits < 1) return invalid("num_splits must be at least 1, got " + std::to_string(num_splits));
+  const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, num_splits, /*explain=*/false);
+  if (plan.kernel == nullptr) return launch(plan, p, stream);
+  // The workspace XLA allocated for the lowering's count; a family that does not split leaves it unused.
   const FwdSplitWorkspaceLayout workspace =
       fwd_split_workspace_layout(p.batch, num_splits, p.heads_q, p.seqlen_q, p.head_dim);
   if (o_partial->element_count() < static_cast<size_t>(workspace.o_partial) ||
       lse_partial->element_count() < static_cast<size_t>(workspace.lse_partial)) {
     return invalid("split-keys workspace is smaller than the problem needs");
   }
-  p.num_splits = num_splits;
+  apply_choices(plan, p);
   p.o_partial = o_partial->typed_data();
   p.lse_partial = lse_partial->typed_data();
-  return launch(ordinal, Direction::kFwd, p, stream);
+  return launch(plan, p, stream);
 }
 
 ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -219,6 +250,8 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
+  const PassPlan plan = plan_for(ordinal, Direction::kBwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  if (plan.kernel == nullptr) return launch(plan, p, stream);
   const BwdWorkspaceLayout workspace = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim);
   if (dq_accum->element_count() < static_cast<size_t>(workspace.dq_accum) ||
       dpsum->element_count() < static_cast<size_t>(workspace.per_row) ||
@@ -249,7 +282,7 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
     // Keep the unused output defined: XLA may hand it to other ops.
     cudaMemsetAsync(dsinks->typed_data(), 0, dsinks->size_bytes(), stream);
   }
-  return launch(ordinal, Direction::kBwd, p, stream);
+  return launch(plan, p, stream);
 }
 
 // What both forward targets bind first: context, q, k, v, the optional operands, o and lse.

@@ -92,7 +92,7 @@ std::vector<std::string> split_archs(std::string_view archs) {
 }
 
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
-                     const std::vector<KernelEntry>& table, int32_t smem_per_block_optin) {
+                     const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
   if (problem.varlen) {
     choice.reason = "no kernel implements varlen (packed) attention yet";
@@ -132,6 +132,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     std::to_string(device_sm) + " allows " + kb(smem_per_block_optin);
     return choice;
   }
+  if (choice.kernel != nullptr && !explain) return choice;
   if (choice.kernel != nullptr) {
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +

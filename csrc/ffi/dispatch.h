@@ -1,6 +1,6 @@
-// Dispatch: one pure function from (device arch, problem) to a kernel, able to say why it chose or refused one.
-// Host-only and free of CUDA calls so that GoogleTest covers it on machines without a GPU, and so that Python
-// (flashjax.explain, backend="auto") asks the very same function at trace time through flashjax_choose_kernel.
+// Kernel choice: one pure function from (device arch, problem key) to a row of the kernel table, able to say why it
+// chose or refused one. Host-only and free of CUDA calls so that GoogleTest covers it on machines without a GPU. The
+// plan (plan.h) calls it for each pass of a call; everything else asks the plan.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "flashjax/choices.h"
 #include "flashjax/params.h"
 
 namespace flashjax {
@@ -24,6 +25,7 @@ struct KernelEntry {
   // kernel_table() fills it from the kernel's own <direction>_smem_bytes<Element, D>() (its family's launch.h).
   int32_t smem_bytes;
   const void* launch;  // cudaError_t (*)(const FwdParams&, cudaStream_t) or the BwdParams twin
+  ChoiceFn choices;    // the family's per-call choices for this kernel (its launch.h's <direction>_choices)
 };
 
 // What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
@@ -37,7 +39,7 @@ struct ProblemKey {
 
 struct Choice {
   const KernelEntry* kernel = nullptr;  // nullptr: no kernel runs this call; `reason` says why
-  std::string reason;
+  std::string reason;                   // filled where asked to explain, and always where no kernel runs the call
 };
 
 // True when code compiled for `compiled_arch` (CMake spelling: "80-real", "90a-real", "120", "80-virtual", ...)
@@ -61,8 +63,9 @@ int32_t max_smem_per_block_optin(int device_sm);
 // the FFI handlers pass the device's own attribute, which is the table's figure on every arch the table knows and
 // at least the conservative fallback on the others, so the handler accepts whatever Python's answer chose (and
 // where a device allowed less than the table says, it refuses with this reason instead of failing the launch).
+// explain = false leaves the reason of a successful choice empty (the FFI handlers ask on every call).
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
-                     const std::vector<KernelEntry>& table, int32_t smem_per_block_optin = 0);
+                     const std::vector<KernelEntry>& table, int32_t smem_per_block_optin = 0, bool explain = true);
 
 // A list separated by commas or semicolons (also used for family lists) ("80-real,90a-real") -> {"80-real", "90a-real"}.
 std::vector<std::string> split_archs(std::string_view archs);

@@ -3,7 +3,8 @@
 #include <cutlass/numeric_types.h>
 
 #include <algorithm>
-#include <cstdlib>
+
+#include "flashjax/settings.h"
 
 #include "kernels/sm80/launch.h"
 #if FLASHJAX_HAS_SM90
@@ -19,12 +20,19 @@ using LaunchFn = cudaError_t (*)(const Params&, cudaStream_t);
 }  // namespace
 
 const std::vector<KernelEntry>& kernel_table() {
-  // Each row names explicit instantiations compiled from csrc/kernels/generated/: the launcher, and the function
-  // that reports the dynamic shared memory per block its launches request, asked once here when the table is built
-  // (the figure comes from the kernel's own types; dispatch stays a pure function of the rows).
-#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific, smem_bytes)   \
-  KernelEntry{#family, direction, dtype, hdim, arch_specific, family::smem_bytes<element, hdim>(),        \
-              reinterpret_cast<const void*>(static_cast<LaunchFn<params>>(&family::run<element, hdim>))},
+  // Each row names explicit instantiations compiled from csrc/kernels/generated/: the launcher, the function that
+  // reports the dynamic shared memory per block its launches request (asked once here when the table is built: the
+  // figure comes from the kernel's own types, and dispatch stays a pure function of the rows), and the family's
+  // per-call choices (asked by the plan).
+#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific, smem_bytes, choices) \
+  KernelEntry{#family,                                                                                         \
+              direction,                                                                                       \
+              dtype,                                                                                           \
+              hdim,                                                                                            \
+              arch_specific,                                                                                   \
+              family::smem_bytes<element, hdim>(),                                                             \
+              reinterpret_cast<const void*>(static_cast<LaunchFn<params>>(&family::run<element, hdim>)),        \
+              &family::choices<element, hdim>},
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI
 #include "kernels/generated/kernel_table_ci.inc"
@@ -41,8 +49,7 @@ const std::vector<KernelEntry>& kernel_table() {
 
 const std::vector<KernelEntry>& enabled_kernel_table() {
   static const std::vector<KernelEntry> enabled = [] {
-    const char* env = std::getenv("FLASHJAX_DISABLE_FAMILIES");
-    const std::vector<std::string> disabled = split_archs(env != nullptr ? env : "");
+    const std::vector<std::string> disabled = split_archs(setting_text(Setting::kDisableFamilies));
     std::vector<KernelEntry> rows;
     for (const KernelEntry& entry : kernel_table()) {
       if (std::find(disabled.begin(), disabled.end(), entry.family) == disabled.end()) rows.push_back(entry);

@@ -9,8 +9,8 @@ namespace flashjax {
 
 const std::vector<KernelEntry>& kernel_table();
 
-// The rows dispatch may choose from: kernel_table() without the families named in the environment variable
-// FLASHJAX_DISABLE_FAMILIES (comma-separated, e.g. "sm90"), read once per process. It lets tests and benchmarks run
+// The rows dispatch may choose from: kernel_table() without the families named in FLASHJAX_DISABLE_FAMILIES
+// (flashjax/settings.h; comma-separated, e.g. "sm90"), read once per process. It lets tests and benchmarks run
 // a fallback family on hardware that has a faster one (the sm80 family on an H200).
 const std::vector<KernelEntry>& enabled_kernel_table();
 

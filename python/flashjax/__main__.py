@@ -38,9 +38,15 @@ def main() -> None:
         limit = ""
         if cc and _ffi.available():
             major, minor = str(cc).split(".")
-            smem = _ffi.max_smem_per_block_optin(int(major) * 10 + int(minor))
-            limit = f", {smem / 1024:g} KB shared memory per block"
+            # The plan's device as the library resolves it (its shared-memory table), for any one call.
+            device = _ffi.plan(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_k=1,
+                               head_dim=64, device_sm=int(major) * 10 + int(minor))["device"]
+            limit = f", {device['smem_per_block_optin'] / 1024:g} KB shared memory per block"
         print(f"  {d.platform}:{d.id} {d.device_kind}" + (f" (compute capability {cc}{limit})" if cc else ""))
+    if _ffi.available():
+        settings = [s for s in _ffi.build_info()["settings"] if s["value"]]
+        print("settings: " + (", ".join(f"{s['name']}={s['value']}" for s in settings) if settings else
+                              "none set (" + ", ".join(s["name"] for s in _ffi.build_info()["settings"]) + ")"))
     print("typical calls:")
     for name, call in _typical_calls():
         print(f"  {name}: {api.explain(**call)}")

@@ -31,7 +31,7 @@ class Options:
 
     @property
     def window(self) -> tuple[int, int]:
-        """(left, right) with causal folded in as right = 0 (DESIGN.md §2.3); -1 = unbounded."""
+        """(left, right) with causal folded in as right = 0 (docs/design.md §2.3); -1 = unbounded."""
         left, right = self.window_size
         return left, 0 if self.causal else right
 
@@ -129,48 +129,62 @@ def _check_hint(name, value):
 
 
 # ------------------------------------------------------------------------------------------------ backend choice
-def _device_sm() -> int | None:
-    """Compute capability (major*10 + minor) of the default device when it is an NVIDIA GPU, else None."""
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A validated call: its sizes as the plan sees them (varlen: N sequences, the token counts), its options."""
+    dtype: object
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads_q: int
+    heads_k: int
+    head_dim: int      # the larger of q's and v's
+    head_dim_v: int
+    has_sinks: bool
+    varlen: bool
+    options: Options
+
+
+def _plan_of(call: Call, device_sm: int) -> dict:
     device = _ffi.default_device()
-    return None if device is None else device[0]
+    left, right = call.options.window
+    return _ffi.plan(dtype=jnp.dtype(call.dtype).name, batch=call.batch, seqlen_q=call.seqlen_q,
+                     seqlen_k=call.seqlen_k, heads_q=call.heads_q, heads_k=call.heads_k, head_dim=call.head_dim,
+                     window_left=left, window_right=right, softcap=call.options.softcap, has_sinks=call.has_sinks,
+                     varlen=call.varlen, mask_mod=call.options.mask_mod is not None,
+                     deterministic=call.options.deterministic, device_sm=device_sm,
+                     num_sms=device[1] if device is not None else 0)
 
 
-def plan(dtype, head_dim: int, *, varlen: bool, options: Options, device_sm: int | None = None):
-    """Which implementation runs a call, and why: ("kernel" | "reference", reason).
+def choose(call: Call, *, device_sm: int | None = None):
+    """Which implementation runs a call, and why: ("kernel" | "reference", reason, plan or None).
 
-    The kernel question goes to the library's own dispatcher (csrc/ffi/dispatch.cpp), the function the FFI
-    handlers use, for both directions: "auto" takes the kernel only if it can also run the backward.
+    The kernel question goes to the library's plan (csrc/ffi/plan.h), the function the FFI handlers use; it takes
+    the kernels only where both passes have one, since the call may be differentiated later. device_sm asks about
+    another GPU than the default device (explain's).
     """
+    options = call.options
     if options.backend == "reference":
-        return "reference", "backend='reference' was asked for"
-    reason = None
+        return "reference", "backend='reference' was asked for", None
+    plan = None
     if device_sm is None:
-        device_sm = _device_sm()
+        device = _ffi.default_device()
+        device_sm = None if device is None else device[0]
     if device_sm is None:
         reason = f"the default JAX device is {jax.devices()[0].platform!r}; the kernels need an NVIDIA GPU"
     elif not _ffi.available():
         reason = "the compiled library libflashjax.so is not installed"
-    elif options.deterministic:
-        reason = "deterministic=True: the backward kernels accumulate dq with atomics"
     else:
-        width = _ffi.padded_head_dim(head_dim)
-        dtype_name = jnp.dtype(dtype).name
-        for direction in ("fwd", "bwd"):
-            ok, why = _ffi.choose_kernel(device_sm, direction, dtype_name, width, varlen=varlen,
-                                         mask_mod=options.mask_mod is not None)
-            if not ok:
-                reason = why
-                break
-            if direction == "fwd":
-                chosen = why
-        if reason is None:
-            return "kernel", chosen
+        plan = _plan_of(call, device_sm)
+        if plan["runs"]:
+            return "kernel", plan["reason"], plan
+        reason = plan["reason"]
     if options.backend == "kernel":
         raise ValueError(f"flashjax: backend='kernel' but no kernel runs this call: {reason}")
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"flashjax: using the pure-JAX reference because {reason}", stacklevel=3)
-    return "reference", reason
+    return "reference", reason, plan
 
 
 # ------------------------------------------------------------------------------------------------ kernel path
@@ -179,9 +193,8 @@ def _pad_last(x, width):
     return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
 
 
-def _kernel_attention(q, k, v, sinks, options: Options):
-    """Dense call on the kernel path: pad q/k/v to one compiled width, run the primitive, slice v's width back."""
-    width = _ffi.padded_head_dim(max(q.shape[-1], v.shape[-1]))
+def _kernel_attention(q, k, v, sinks, options: Options, width: int):
+    """Dense call on the kernel path: pad q/k/v to the plan's compiled width, run the primitive, slice v's back."""
     has_sinks = sinks is not None
     sinks_arr = sinks if has_sinks else jnp.zeros((q.shape[2],), jnp.float32)
     left, right = options.window
@@ -194,6 +207,54 @@ def _kernel_attention(q, k, v, sinks, options: Options):
 def _reference_kwargs(options: Options, sinks):
     return dict(softmax_scale=options.softmax_scale, causal=options.causal, window_size=options.window_size,
                 sinks=sinks, softcap=options.softcap, mask_mod=options.mask_mod)
+
+
+# ------------------------------------------------------------------------------------------------ validation of calls
+def _dense_call(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=None, sinks=None, softcap=0.0,
+                mask_mod=None, return_lse=False, deterministic=False, backend="auto") -> Call:
+    """flash_attn's arguments checked (explain checks its arguments with this same function)."""
+    q_shape = _shape_of("q", q, 4, "[B, Sq, Hq, D]")
+    k_shape = _shape_of("k", k, 4, "[B, Sk, Hk, D]")
+    v_shape = _shape_of("v", v, 4, "[B, Sk, Hk, Dv]")
+    _check_qkv_dtypes(q, k, v, backend)
+    if k_shape[0] != q_shape[0] or v_shape[0] != q_shape[0]:
+        _fail(ValueError, "batch sizes of (q, k, v)", (q_shape[0], k_shape[0], v_shape[0]), "all equal")
+    if v_shape[1] != k_shape[1]:
+        _fail(ValueError, "v.shape[1]", v_shape[1], f"k's sequence length ({k_shape[1]})")
+    _check_heads(q_shape[2], k_shape[2], v_shape[2], q_shape[3], k_shape[3], v_shape[3])
+    options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
+                             softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
+                             backend=backend, head_dim=q_shape[3], heads_q=q_shape[2])
+    return Call(q.dtype, q_shape[0], q_shape[1], k_shape[1], q_shape[2], k_shape[2], max(q_shape[3], v_shape[3]),
+                v_shape[3], sinks is not None, False, options)
+
+
+def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
+                 seqused_k=None, causal=False, window_size=(-1, -1), softmax_scale=None, sinks=None, softcap=0.0,
+                 mask_mod=None, return_lse=False, deterministic=False, backend="auto") -> Call:
+    """flash_attn_varlen's arguments checked (explain checks its arguments with this same function)."""
+    q_shape = _shape_of("q", q, 3, "[Tq, Hq, D]")
+    k_shape = _shape_of("k", k, 3, "[Tk, Hk, D]")
+    v_shape = _shape_of("v", v, 3, "[Tk, Hk, Dv]")
+    _check_qkv_dtypes(q, k, v, backend)
+    if v_shape[0] != k_shape[0]:
+        _fail(ValueError, "v.shape[0]", v_shape[0], f"k's token count ({k_shape[0]})")
+    _check_heads(q_shape[1], k_shape[1], v_shape[1], q_shape[2], k_shape[2], v_shape[2])
+    n_q = _check_offsets("cu_seqlens_q", cu_seqlens_q)
+    n_k = _check_offsets("cu_seqlens_k", cu_seqlens_k)
+    if n_q is None or n_q < 1:
+        _fail(ValueError, "cu_seqlens_q", cu_seqlens_q, "an int32 [N + 1] array with N >= 0")
+    if n_k != n_q:
+        _fail(ValueError, "cu_seqlens_k.shape", (n_k,), f"cu_seqlens_q's shape ({n_q},)")
+    _check_offsets("seqused_q", seqused_q, n_q - 1)
+    _check_offsets("seqused_k", seqused_k, n_q - 1)
+    _check_hint("max_seqlen_q", max_seqlen_q)
+    _check_hint("max_seqlen_k", max_seqlen_k)
+    options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
+                             softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
+                             backend=backend, head_dim=q_shape[2], heads_q=q_shape[1])
+    return Call(q.dtype, n_q - 1, q_shape[0], k_shape[0], q_shape[1], k_shape[1], max(q_shape[2], v_shape[2]),
+                v_shape[2], sinks is not None, True, options)
 
 
 # ------------------------------------------------------------------------------------------------ public API
@@ -221,23 +282,14 @@ def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=Non
       out [B, Sq, Hq, Dv] in q's dtype, or (out, lse) with return_lse=True. A query row with no visible key gets
       out = 0 and lse = -inf (= the sink logit with sinks) and zero gradients.
     """
-    q_shape = _shape_of("q", q, 4, "[B, Sq, Hq, D]")
-    k_shape = _shape_of("k", k, 4, "[B, Sk, Hk, D]")
-    v_shape = _shape_of("v", v, 4, "[B, Sk, Hk, Dv]")
-    _check_qkv_dtypes(q, k, v, backend)
-    if k_shape[0] != q_shape[0] or v_shape[0] != q_shape[0]:
-        _fail(ValueError, "batch sizes of (q, k, v)", (q_shape[0], k_shape[0], v_shape[0]), "all equal")
-    if v_shape[1] != k_shape[1]:
-        _fail(ValueError, "v.shape[1]", v_shape[1], f"k's sequence length ({k_shape[1]})")
-    _check_heads(q_shape[2], k_shape[2], v_shape[2], q_shape[3], k_shape[3], v_shape[3])
-    options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
-                             softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
-                             backend=backend, head_dim=q_shape[3], heads_q=q_shape[2])
-    path, _ = plan(q.dtype, max(q_shape[3], v_shape[3]), varlen=False, options=options)
+    call = _dense_call(q, k, v, causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
+                       softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
+                       backend=backend)
+    path, _, plan = choose(call)
     if path == "kernel":
-        out, lse = _kernel_attention(q, k, v, sinks, options)
+        out, lse = _kernel_attention(q, k, v, sinks, call.options, plan["head_dim"])
     else:
-        out, lse = reference.attention(q, k, v, **_reference_kwargs(options, sinks))
+        out, lse = reference.attention(q, k, v, **_reference_kwargs(call.options, sinks))
     return (out, lse) if return_lse else out
 
 
@@ -262,32 +314,17 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
       out [Tq, Hq, Dv], or (out, lse [Hq, Tq] float32) with return_lse=True. jax.vmap over this call is rejected:
       the packing is the batch.
     """
-    q_shape = _shape_of("q", q, 3, "[Tq, Hq, D]")
-    k_shape = _shape_of("k", k, 3, "[Tk, Hk, D]")
-    v_shape = _shape_of("v", v, 3, "[Tk, Hk, Dv]")
-    _check_qkv_dtypes(q, k, v, backend)
-    if v_shape[0] != k_shape[0]:
-        _fail(ValueError, "v.shape[0]", v_shape[0], f"k's token count ({k_shape[0]})")
-    _check_heads(q_shape[1], k_shape[1], v_shape[1], q_shape[2], k_shape[2], v_shape[2])
-    n_q = _check_offsets("cu_seqlens_q", cu_seqlens_q)
-    n_k = _check_offsets("cu_seqlens_k", cu_seqlens_k)
-    if n_q is None or n_q < 1:
-        _fail(ValueError, "cu_seqlens_q", cu_seqlens_q, "an int32 [N + 1] array with N >= 0")
-    if n_k != n_q:
-        _fail(ValueError, "cu_seqlens_k.shape", (n_k,), f"cu_seqlens_q's shape ({n_q},)")
-    _check_offsets("seqused_q", seqused_q, n_q - 1)
-    _check_offsets("seqused_k", seqused_k, n_q - 1)
-    _check_hint("max_seqlen_q", max_seqlen_q)
-    _check_hint("max_seqlen_k", max_seqlen_k)
-    options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
-                             softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
-                             backend=backend, head_dim=q_shape[2], heads_q=q_shape[1])
+    call = _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                        seqused_q=seqused_q, seqused_k=seqused_k, causal=causal, window_size=window_size,
+                        softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, mask_mod=mask_mod,
+                        return_lse=return_lse, deterministic=deterministic, backend=backend)
+    options = call.options
     operands = [q, k, v, cu_seqlens_q, cu_seqlens_k] + [x for x in (seqused_q, seqused_k, sinks) if x is not None]
     guarded = iter(primitives.varlen_guard_p.bind(*operands))
     q, k, v, cu_seqlens_q, cu_seqlens_k = (next(guarded) for _ in range(5))
     seqused_q, seqused_k, sinks = (None if x is None else next(guarded) for x in (seqused_q, seqused_k, sinks))
-    # No varlen kernel yet: plan() raises for backend="kernel" and warns once for "auto".
-    plan(q.dtype, max(q_shape[2], v_shape[2]), varlen=True, options=options)
+    # No varlen kernel yet: the plan says so; choose() raises for backend="kernel" and warns once for "auto".
+    choose(call)
     out, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
                                           seqused_k=seqused_k, **_reference_kwargs(options, sinks))
     return (out, lse) if return_lse else out
@@ -306,38 +343,33 @@ def flash_mha_varlen(query, key, value, cu_seqlens, max_seqlen, *, is_causal=Fal
                              max_seqlen_k=max_seqlen, causal=is_causal, window_size=window_size, sinks=sinks)
 
 
-def explain(q, k, v, *, varlen=False, causal=False, window_size=(-1, -1), softcap=0.0, sinks=None, mask_mod=None,
-            deterministic=False, backend="auto", device_sm=None) -> str:
+def explain(q, k, v, *args, varlen=False, device_sm=None, **keywords) -> str:
     """Say which implementation a call with these arguments would run, and why, without running it.
 
-    q, k, v may be arrays or jax.ShapeDtypeStruct ([B, S, H, D], or [T, H, D] with varlen=True). device_sm
-    (e.g. 90) asks about another GPU than the default device. Returns the explanation (and prints nothing).
+    explain(q, k, v, **flash_attn_keywords) for a dense call, explain(q, k, v, cu_seqlens_q, cu_seqlens_k,
+    **flash_attn_varlen_keywords) for a varlen one: the arguments are checked exactly as the call checks them (the
+    same errors). q, k, v (and the offsets) may be arrays or jax.ShapeDtypeStruct. varlen=True without offsets
+    asks about a varlen call of one sequence. device_sm (e.g. 90) asks about another GPU than the default device.
+    Returns the explanation (and prints nothing).
     """
-    head_dim = max(q.shape[-1], v.shape[-1])
-    options = _check_options(causal=causal, window_size=window_size, softmax_scale=None, sinks=sinks,
-                             softcap=softcap, mask_mod=mask_mod, return_lse=False, deterministic=deterministic,
-                             backend=backend, head_dim=q.shape[-1], heads_q=q.shape[-2])
+    if args or varlen:
+        if not args:
+            args = (jax.ShapeDtypeStruct((2,), jnp.int32),) * 2
+        call = _varlen_call(q, k, v, *args, **keywords)
+    else:
+        call = _dense_call(q, k, v, **keywords)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        path, reason = plan(q.dtype, head_dim, varlen=varlen, options=options, device_sm=device_sm)
+        path, reason, plan = choose(call, device_sm=device_sm)
     shape = f"q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} {jnp.dtype(q.dtype).name}"
     details = ""
     if path == "kernel":
-        details = f", head dim padded to {_ffi.padded_head_dim(head_dim)}"
-        width = _ffi.padded_head_dim(head_dim)
-        family = _ffi.chosen_family(device_sm or _device_sm(), "fwd", jnp.dtype(q.dtype).name, width,
-                                    varlen=varlen, mask_mod=mask_mod is not None)
-        splits = 1
-        if family == "sm90" and not varlen:  # the lowering's decision, for the default device's SM count
-            padded_q = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (width,), q.dtype)
-            splits = primitives.fwd_num_splits(padded_q, k, window_left=options.window[0], softcap=options.softcap,
-                                               device_sm=device_sm)
-        # The split kernel packs every GQA call.
-        group = (q.shape[-2] // k.shape[-2] if splits > 1 else
-                 _ffi.sm90_fwd_pack_group(q.shape[-3], q.shape[-2], k.shape[-2]) if family == "sm90" else 1)
-        if group > 1:
-            details += f"; GQA packed: the {group} query heads of a KV head share each forward tile"
-        if splits > 1:
-            details += (f"; keys split: each forward tile's keys run as {splits} parts on separate CTAs, merged by a "
-                        "second kernel")
+        # The forward as the lowering plans it: the same shapes, the default device's SM count.
+        fwd = plan["fwd"]
+        details = f", head dim padded to {plan['head_dim']}"
+        if fwd["pack_group"] > 1:
+            details += f"; GQA packed: {fwd['packing_reason']}"
+        if fwd["num_splits"] > 1:
+            details += f"; keys split: {fwd['split_reason']}"
+        details += f"; forward {fwd['tile_reason']}; backward: {plan['bwd']['reason']}"
     return f"{shape}: {path} ({reason}{details})"

@@ -1,14 +1,16 @@
-"""JAX primitives for the kernel path (DESIGN.md §2.8 and §3).
+"""JAX primitives for the kernel path (docs/design.md §2.8 and §3).
 
     fwd(q, k, v, sinks)                                 -> (out, lse)
     tangent(q, k, v, sinks, out, lse; tq, tk, tv, ts)   -> (t_out, t_lse)      linear in (tq, tk, tv, ts)
-    bwd(q, k, v, out, lse, d_out, d_lse, sinks)         -> (dq, dk, dv, dsinks, *workspace)
+    bwd(q, k, v, out, lse, d_out, d_lse, sinks)         -> (dq, dk, dv, dsinks)
 
 fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
 backward kernels only, and jax.jvp evaluates `tangent` (its fused kernel is a later issue: until then its lowering
 raises). Not jax.custom_vjp, which would forbid forward mode. Inputs reach these primitives already validated
 and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False
-(the CUDA lowering then leaves it out of the FFI call, as it does bwd's dlse when has_dlse is False).
+(the CUDA lowering then leaves it out of the FFI call, as it does bwd's dlse when has_dlse is False). The
+workspace of a kernel (the split forward's parts, the backward's accumulators) exists only inside the CUDA lowering,
+sized by the library's plan of the call: autodiff, vmap and the reference lowering never see it.
 """
 from __future__ import annotations
 
@@ -35,13 +37,6 @@ for _p in (fwd_p, tangent_p, bwd_p, varlen_guard_p):
     _p.multiple_results = True
 
 
-def bwd_seqlen_q_rounded(seqlen_q: int) -> int:
-    """Rows of the backward's per-row workspace: the library says its rounding; without the library (reference
-    lowering on CPU) the workspace is never read and any rounding would do."""
-    rounding = _ffi.build_info()["bwd_seqlen_q_rounding"] if _ffi.available() else 128
-    return -(-seqlen_q // rounding) * rounding
-
-
 # ----------------------------------------------------------------------------------------------- abstract eval
 def _out_avals(q, v):
     batch, seqlen_q, heads_q, _ = q.shape
@@ -57,15 +52,9 @@ def _tangent_abstract(q, k, v, sinks, out, lse, tq, tk, tv, ts, **_):
     return _out_avals(q, v)
 
 
-def _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **_):
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    rounded = bwd_seqlen_q_rounded(seqlen_q)
-    f32 = jnp.float32
+def _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks, **_):
     return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
-            jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(sinks.shape, f32),
-            jax.core.ShapedArray((batch, heads_q, rounded, head_dim), f32),   # dq accumulator
-            jax.core.ShapedArray((batch, heads_q, rounded), f32),             # dpsum
-            jax.core.ShapedArray((batch, heads_q, rounded), f32))             # lse in log2 units
+            jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(sinks.shape, jnp.float32))
 
 
 def _eager_impl(prim):
@@ -88,62 +77,57 @@ def _attrs(params):
     return {name: _ATTR_TYPES[name](value) for name, value in params.items()}
 
 
-def _kernel_lowering(target, optional):
+def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sinks, device_sm=None, **_) -> dict:
+    """The library's plan of a call as lowered (q at the compiled head width): for the default GPU, with its SM
+    count, which is what the split-keys rule needs. device_sm: another GPU to ask about (explain's); the SM count
+    stays the default device's (0 off a GPU: no call splits by rule)."""
+    device = _ffi.default_device()
+    batch, seqlen_q, heads_q, head_dim = aval_q.shape
+    return _ffi.plan(dtype=jnp.dtype(aval_q.dtype).name, batch=batch, seqlen_q=seqlen_q, seqlen_k=aval_k.shape[1],
+                     heads_q=heads_q, heads_k=aval_k.shape[2], head_dim=head_dim, window_left=window_left,
+                     window_right=window_right, softcap=float(softcap), has_sinks=has_sinks,
+                     device_sm=device_sm or (device[0] if device is not None else 0),
+                     num_sms=device[1] if device is not None else 0)
+
+
+def _workspace_avals(workspace):
+    return [jax.core.ShapedArray(tuple(buffer["shape"]), jnp.float32) for buffer in workspace]
+
+
+def _ffi_call(target, ctx, args, optional, params, workspace=(), **extra):
     """The FFI call; `optional` maps operand positions to the has_* flag that says whether the kernel reads them.
 
     An operand whose flag is off is left out of the call (the handler finds the optional ones after the required
     ones, in order) rather than passed as the zero array the primitive carries: XLA would run a kernel of its own
-    to fill that array before every call, and it would sit between back-to-back attention kernels.
+    to fill that array before every call, and it would sit between back-to-back attention kernels. The workspace
+    buffers are extra results of the call, dropped from the primitive's.
     """
-    def lowering(ctx, *args, **params):
-        _ffi.register_targets()
-        keep = [i for i in range(len(args)) if i not in optional or params[optional[i]]]
-        ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in keep])
-        return jax.ffi.ffi_lowering(target)(ctx, *(args[i] for i in keep), **_attrs(params))
-    return lowering
-
-
-def fwd_num_splits(q, k, *, window_left, softcap, device_sm=None, **_):
-    """Parts per tile the sm90 forward splits this call's keys into (1: no split). q and k: arrays, avals or
-    ShapeDtypeStructs, q at the compiled head width. device_sm: the GPU to ask about (explain's), else the default
-    device's; the SM count is always the default device's (0, no split but a forced one, off a GPU).
-
-    Decided when the call is lowered, from its shapes and the default GPU's SM count (where the sm90 family runs it):
-    a split needs a workspace, which XLA allocates as extra outputs of the FFI call, so its size must be known then.
-    The kernel takes the count as given, so the result is right on any device; only its speed depends on the guess.
-    """
-    device = _ffi.default_device()
-    device_sm = device_sm or (device[0] if device is not None else None)
-    if device_sm is None or not _ffi.available():
-        return 1
-    num_sms = device[1] if device is not None else 0
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    if _ffi.chosen_family(device_sm, "fwd", jnp.dtype(q.dtype).name, head_dim) != "sm90":
-        return 1
-    return _ffi.sm90_fwd_num_splits(batch, seqlen_q, k.shape[1], heads_q, k.shape[2], head_dim, window_left,
-                                    softcap > 0, num_sms)
-
-
-_plain_fwd_lowering = _kernel_lowering(_ffi.FWD_TARGET, {3: "has_sinks"})
-
-
-def _fwd_lowering(ctx, q, k, v, sinks, **params):
-    """The forward's FFI call; with split keys, the split target, whose two workspace outputs (fwd_split_workspace
-    _layout in csrc/include/flashjax/workspace.h) exist only inside the lowering: the primitive's outputs stay
-    (out, lse), so autodiff, vmap and the reference lowering never see them."""
-    aval_q, aval_k = ctx.avals_in[0], ctx.avals_in[1]
-    splits = fwd_num_splits(aval_q, aval_k, **params)
-    if splits <= 1:
-        return _plain_fwd_lowering(ctx, q, k, v, sinks, **params)
     _ffi.register_targets()
-    batch, seqlen_q, heads_q, head_dim = aval_q.shape
-    f32 = jnp.float32
-    workspace = [jax.core.ShapedArray((batch, splits, heads_q, seqlen_q, head_dim), f32),
-                 jax.core.ShapedArray((batch, splits, heads_q, seqlen_q), f32)]
-    args = [q, k, v] + ([sinks] if params["has_sinks"] else [])
-    ctx = ctx.replace(avals_in=ctx.avals_in[:len(args)], avals_out=[*ctx.avals_out, *workspace])
-    results = jax.ffi.ffi_lowering(_ffi.FWD_SPLIT_TARGET)(ctx, *args, num_splits=np.int32(splits), **_attrs(params))
-    return results[:2]
+    keep = [i for i in range(len(args)) if i not in optional or params[optional[i]]]
+    n_out = len(ctx.avals_out)
+    ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in keep], avals_out=[*ctx.avals_out, *workspace])
+    results = jax.ffi.ffi_lowering(target)(ctx, *(args[i] for i in keep), **extra, **_attrs(params))
+    return results[:n_out]
+
+
+def _fwd_lowering(ctx, *args, **params):
+    """The forward's FFI call; where the plan splits keys, the split target with its two workspace outputs
+    (fwd_split_workspace_layout in csrc/include/flashjax/workspace.h). The split count is decided here, when the call
+    is lowered, from its shapes and the default GPU's SM count: XLA allocates the workspace, so its size must be
+    known now. The kernel takes the count as given, so the result is right on any device; only its speed depends on
+    the guess."""
+    fwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["fwd"]
+    if fwd["num_splits"] <= 1:
+        return _ffi_call(_ffi.FWD_TARGET, ctx, args, {3: "has_sinks"}, params)
+    return _ffi_call(_ffi.FWD_SPLIT_TARGET, ctx, args, {3: "has_sinks"}, params,
+                     workspace=_workspace_avals(fwd["workspace"]), num_splits=np.int32(fwd["num_splits"]))
+
+
+def _bwd_lowering(ctx, *args, **params):
+    """The backward's FFI call, with the workspace its plan sizes (dq accumulator, per-row statistics)."""
+    bwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["bwd"]
+    return _ffi_call(_ffi.BWD_TARGET, ctx, args, {6: "has_dlse", 7: "has_sinks"}, params,
+                     workspace=_workspace_avals(bwd["workspace"]))
 
 
 def _tangent_lowering(ctx, *args, **params):
@@ -153,7 +137,7 @@ def _tangent_lowering(ctx, *args, **params):
 
 
 mlir.register_lowering(fwd_p, _fwd_lowering, platform="cuda")
-mlir.register_lowering(bwd_p, _kernel_lowering(_ffi.BWD_TARGET, {6: "has_dlse", 7: "has_sinks"}), platform="cuda")
+mlir.register_lowering(bwd_p, _bwd_lowering, platform="cuda")
 mlir.register_lowering(tangent_p, _tangent_lowering, platform="cuda")
 mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 
@@ -193,8 +177,7 @@ ad.primitive_jvps[varlen_guard_p] = _guard_jvp
 
 
 def backward(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **params):
-    dq, dk, dv, dsinks, *_workspace = bwd_p.bind(q, k, v, out, lse, dout, dlse, sinks, has_dlse=has_dlse, **params)
-    return dq, dk, dv, dsinks
+    return tuple(bwd_p.bind(q, k, v, out, lse, dout, dlse, sinks, has_dlse=has_dlse, **params))
 
 
 # ------------------------------------------------------------------------------------------------ batching
@@ -267,10 +250,7 @@ def _reference_tangent(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
 
 def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **params):
     _, vjp = jax.vjp(lambda *p: _reference_fn(*p, **params), q, k, v, sinks)
-    dq, dk, dv, dsinks = vjp((dout, dlse))
-    workspace = [jnp.zeros(a.shape, a.dtype) for a in _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks,
-                                                                      has_dlse=has_dlse)[4:]]
-    return (dq, dk, dv, dsinks, *workspace)
+    return vjp((dout, dlse))
 
 
 mlir.register_lowering(fwd_p, mlir.lower_fun(_reference_fn, multiple_results=True))

@@ -7,7 +7,7 @@ namespace flashjax {
 namespace {
 
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
-  return {family, d, t, hdim, /*arch_specific=*/std::string_view(family) == "sm90", smem_bytes, nullptr};
+  return {family, d, t, hdim, /*arch_specific=*/std::string_view(family) == "sm90", smem_bytes, nullptr, nullptr};
 }
 
 TEST(ArchRunsOn, SassRunsOnLaterMinorsOfTheSameMajor) {

@@ -309,3 +309,51 @@ def test_explain_reports_path_and_reason():
     text = flashjax.explain(spec((1, 128, 8, 72), jnp.bfloat16), spec((1, 128, 8, 72), jnp.bfloat16),
                             spec((1, 128, 8, 72), jnp.bfloat16))
     assert text.startswith("q (1, 128, 8, 72)") and "reference" in text and "NVIDIA GPU" in text
+
+
+def test_explain_checks_its_arguments_as_the_call_does():
+    # explain() runs the call's own validation: every bad input the call rejects, explain rejects with the same
+    # error, and every keyword the call takes, explain takes.
+    spec = jax.ShapeDtypeStruct
+    q = spec((1, 128, 8, 64), jnp.bfloat16)
+    kv = spec((1, 128, 2, 64), jnp.bfloat16)
+    good = dict(causal=True, softmax_scale=0.1, return_lse=True, softcap=5.0, window_size=(32, 0),
+                sinks=spec((8,), jnp.float32), deterministic=False, backend="reference")
+    assert "reference" in flashjax.explain(q, kv, kv, **good)
+    bad_calls = [
+        ((q, spec((1, 128, 3, 64), jnp.bfloat16), spec((1, 128, 3, 64), jnp.bfloat16)), {}),
+        ((q, kv, kv), dict(softmax_scale=-1.0)),
+        ((q, kv, kv), dict(window_size=(-2, 0))),
+        ((q, kv, kv), dict(sinks=spec((7,), jnp.float32))),
+        ((q, kv, kv), dict(backend="fast")),
+        ((q, kv, kv), dict(return_lse="yes")),
+        ((spec((1, 128, 8, 60), jnp.bfloat16),) * 3, {}),
+        ((spec((1, 128, 8, 64), jnp.float32), kv, kv), {}),
+    ]
+    for args, keywords in bad_calls:
+        with pytest.raises((TypeError, ValueError)) as from_call:
+            flashjax.flash_attn(*args, **keywords)
+        with pytest.raises(type(from_call.value)) as from_explain:
+            flashjax.explain(*args, **keywords)
+        assert str(from_explain.value) == str(from_call.value)
+    with pytest.raises(TypeError):
+        flashjax.explain(q, kv, kv, no_such_keyword=1)
+
+
+def test_explain_of_a_varlen_call_checks_its_offsets():
+    spec = jax.ShapeDtypeStruct
+    q = spec((100, 8, 64), jnp.bfloat16)
+    kv = spec((120, 2, 64), jnp.bfloat16)
+    cu = spec((4,), jnp.int32)
+    text = flashjax.explain(q, kv, kv, cu, cu, causal=True, max_seqlen_q=50, seqused_k=spec((3,), jnp.int32))
+    assert text.startswith("q (100, 8, 64)") and "reference" in text
+    for bad in (dict(seqused_k=spec((2,), jnp.int32)), dict(max_seqlen_q=-1)):
+        with pytest.raises(ValueError) as from_call:
+            flashjax.flash_attn_varlen(jnp.zeros(q.shape, q.dtype), jnp.zeros(kv.shape, kv.dtype),
+                                       jnp.zeros(kv.shape, kv.dtype), jnp.zeros((4,), jnp.int32),
+                                       jnp.zeros((4,), jnp.int32), **bad)
+        with pytest.raises(ValueError) as from_explain:
+            flashjax.explain(q, kv, kv, cu, cu, **bad)
+        assert str(from_explain.value) == str(from_call.value)
+    with pytest.raises(ValueError, match="cu_seqlens_k.shape"):
+        flashjax.explain(q, kv, kv, cu, spec((3,), jnp.int32))

@@ -1,5 +1,6 @@
 """The compiled library: loads with ctypes without a GPU, describes its build, answers dispatch questions and
 registers its FFI targets. CI builds it with the small kernel set before running these."""
+import ctypes
 import os
 import re
 import warnings
@@ -21,7 +22,10 @@ def test_build_info_describes_the_build():
     assert info["version"]
     assert info["kernel_set"] in ("full", "ci", "bench", "none")
     assert info["cuda_archs"] and all(a[:2].isdigit() for a in info["cuda_archs"])
-    assert info["bwd_seqlen_q_rounding"] % 64 == 0
+    names = [s["name"] for s in info["settings"]]
+    assert names == ["FLASHJAX_DISABLE_FAMILIES", "FLASHJAX_SM90_PACK_GQA", "FLASHJAX_SM90_SPLIT_KV",
+                     "FLASHJAX_SM90_MAX_CTAS", "FLASHJAX_SM90_PDL"]
+    assert all(s["meaning"] and s["value"] == os.environ.get(s["name"], "") for s in info["settings"])
     for kernel in info["kernels"]:
         assert kernel["direction"] in ("fwd", "bwd") and kernel["dtype"] in ("fp16", "bf16")
         assert kernel["head_dim"] in (64, 96, 128, 192, 256)
@@ -32,42 +36,69 @@ def test_build_info_describes_the_build():
         assert {(k["family"], k["direction"]) for k in info["kernels"]} == expected
 
 
+def _plan(sm, dtype="bfloat16", head_dim=64, num_sms=0, **sizes):
+    """The library's plan of a call of these sizes (defaults: B 2, S 256, 8 heads) on a GPU of compute capability
+    sm."""
+    call = dict(batch=2, seqlen_q=256, seqlen_k=256, heads_q=8, heads_k=8)
+    call.update(sizes)
+    return _ffi.plan(dtype=dtype, head_dim=head_dim, device_sm=sm, num_sms=num_sms, **call)
+
+
+def _pass(sm, direction, dtype, head_dim, **keywords):
+    """(a kernel runs it, its reason, its family) for one pass of a call."""
+    plan = _plan(sm, dtype, head_dim, **keywords)[direction]
+    return plan["family"] is not None, plan["reason"], plan["family"]
+
+
 @pytest.mark.parametrize("d,width", [(8, 64), (64, 64), (72, 96), (200, 256), (256, 256), (264, 0)])
-def test_padded_head_dim(d, width):
-    assert _ffi.padded_head_dim(d) == width
+def test_the_plan_pads_the_head_dim(d, width):
+    assert _plan(90, head_dim=d)["head_dim"] == width
 
 
-def test_dispatch_answers_with_reasons():
+def test_the_plan_answers_with_reasons():
     info = _ffi.build_info()
-    ok, reason = _ffi.choose_kernel(70, "fwd", "bfloat16", 128)
+    ok, reason, _ = _pass(70, "fwd", "bfloat16", 128)
     assert not ok and "no code for sm_70" in reason
-    ok, reason = _ffi.choose_kernel(90, "fwd", "bfloat16", 128, varlen=True)
-    assert not ok and "varlen" in reason
+    plan = _plan(90, head_dim=128, varlen=True)
+    assert not plan["runs"] and "varlen" in plan["reason"] and plan["fwd"]["family"] is None
+    plan = _plan(80, deterministic=True)
+    assert not plan["runs"] and "deterministic=True" in plan["reason"]
     compiled = {(k["direction"], k["dtype"], k["head_dim"]) for k in info["kernels"]}
     for direction in ("fwd", "bwd"):
-        ok, reason = _ffi.choose_kernel(80, direction, "bfloat16", 64)
+        ok, reason, family = _pass(80, direction, "bfloat16", 64)
         assert ok == ((direction, "bf16", 64) in compiled and any(a.startswith("80") for a in info["cuda_archs"]))
         if ok:
-            assert "sm80" in reason
+            assert family == "sm80" and "sm80" in reason
 
 
-def test_chosen_family_names_the_row_dispatch_picks():
-    # explain() learns the family from here, never from the reason's wording.
+def test_the_plan_names_the_family_of_the_row_it_picks():
+    # explain() learns the family from the plan's field, never from the reason's wording.
     info = _ffi.build_info()
-    assert _ffi.chosen_family(70, "fwd", "bfloat16", 128) is None
-    assert _ffi.chosen_family(90, "fwd", "bfloat16", 128, varlen=True) is None
     families = {}
     for k in info["kernels"]:
         families.setdefault((k["direction"], k["dtype"], k["head_dim"]), set()).add(k["family"])
     for (direction, dtype, head_dim), offered in families.items():
         for sm in (80, 90):
-            ok, reason = _ffi.choose_kernel(sm, direction, DTYPE_NAME[dtype], head_dim)
-            family = _ffi.chosen_family(sm, direction, DTYPE_NAME[dtype], head_dim)
+            ok, reason, family = _pass(sm, direction, DTYPE_NAME[dtype], head_dim)
             assert (family is not None) == ok, (sm, direction, dtype, head_dim, reason)
             if ok:
                 assert family in offered and reason.startswith(family), (family, reason)
                 # on Hopper the Hopper family wins where it is compiled
                 assert sm == 80 or "sm90" not in offered or family == "sm90", (direction, dtype, head_dim)
+
+
+def test_the_plan_sizes_the_backward_workspace():
+    bwd = _plan(80, head_dim=72, batch=3, seqlen_q=300, heads_q=8, heads_k=2)["bwd"]
+    assert [(b["name"], b["shape"]) for b in bwd["workspace"]] == [
+        ("dq_accum", [3, 8, 384, 96]), ("dpsum", [3, 8, 384]), ("lse_log2", [3, 8, 384])]
+
+
+def test_the_plan_refuses_a_mismatched_struct():
+    # The library checks the caller's struct sizes: a package and a library of different versions fail loudly.
+    lib = _ffi.library()
+    problem = _ffi._Problem(ctypes.sizeof(_ffi._Problem) - 4)
+    device = _ffi._Device(ctypes.sizeof(_ffi._Device), 90, 0, 132)
+    assert lib.flashjax_plan(ctypes.byref(problem), ctypes.byref(device), None, 0) == -1
 
 
 DTYPE_NAME = {"bf16": "bfloat16", "fp16": "float16"}
@@ -96,14 +127,18 @@ def test_every_kernel_reports_shared_memory_its_own_arch_holds():
     for k in _ffi.build_info()["kernels"]:
         n = k["smem_bytes"]
         assert isinstance(n, int) and 0 < n <= 227 * 1024, k
-        assert n <= _ffi.max_smem_per_block_optin(FAMILY_SM[k["family"]]), k
+        assert n <= _smem_limit(FAMILY_SM[k["family"]]), k
+
+
+def _smem_limit(sm):
+    return _plan(sm)["device"]["smem_per_block_optin"]
 
 
 def test_shared_memory_limits_per_arch():
-    assert _ffi.max_smem_per_block_optin(80) == 163 * 1024
+    assert _smem_limit(80) == 163 * 1024
     for sm in (86, 89, 120):
-        assert _ffi.max_smem_per_block_optin(sm) == 99 * 1024
-    assert _ffi.max_smem_per_block_optin(90) == 227 * 1024
+        assert _smem_limit(sm) == 99 * 1024
+    assert _smem_limit(90) == 227 * 1024
 
 
 @pytest.mark.parametrize("sm", [80, 86, 89])
@@ -111,11 +146,11 @@ def test_dispatch_refuses_kernels_over_the_devices_shared_memory(sm):
     info = _ffi.build_info()
     if not any(a.startswith("80") for a in info["cuda_archs"]):
         pytest.skip("no sm80-family code in this build")
-    limit = _ffi.max_smem_per_block_optin(sm)
+    limit = _smem_limit(sm)
     for k in info["kernels"]:
         if k["family"] != "sm80":
             continue
-        ok, reason = _ffi.choose_kernel(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
+        ok, reason, _ = _pass(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
         assert ok == (k["smem_bytes"] <= limit), (k, reason)
         if not ok:
             assert reason == (f"the sm80 {DIRECTION_NAME[k['direction']]} kernel for {k['dtype']} head dim "
@@ -135,7 +170,7 @@ def test_dispatch_takes_every_kernel_on_its_own_arch(sm):
     for k in info["kernels"]:
         if k["family"] != family:
             continue
-        ok, reason = _ffi.choose_kernel(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
+        ok, reason, _ = _pass(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
         assert ok and reason.startswith(f"{family} {DIRECTION_NAME[k['direction']]} kernel"), (k, reason)
 
 
@@ -186,7 +221,8 @@ def test_explain_says_where_the_sm90_forward_packs_gqa():
     for sizes in ((4000, 32, 8), (128, 32, 8), (97, 32, 8), (200, 32, 4), (100, 16, 2), (1, 16, 16)):
         assert "GQA packed" not in text(*sizes), sizes
     assert "GQA packed" not in text(1, 32, 8, device_sm=80)  # the sm80 forward does not pack
-    assert _ffi.sm90_fwd_pack_group(1, 32, 8) == 4 and _ffi.sm90_fwd_pack_group(4000, 32, 8) == 1
+    assert _plan(90, seqlen_q=1, seqlen_k=4096, heads_q=32, heads_k=8)["fwd"]["pack_group"] == 4
+    assert _plan(90, seqlen_q=4000, seqlen_k=4096, heads_q=32, heads_k=8)["fwd"]["pack_group"] == 1
 
 
 def test_auto_warns_once_with_the_shared_memory_reason(monkeypatch):
@@ -199,15 +235,14 @@ def test_auto_warns_once_with_the_shared_memory_reason(monkeypatch):
         pytest.skip("no sm80 kernel in this build needs more than 99 KB (the small CI set)")
     d = widths[0]
     from flashjax import api
-    options = api._check_options(causal=True, window_size=(-1, -1), softmax_scale=None, sinks=None, softcap=0.0,
-                                 mask_mod=None, return_lse=False, deterministic=False, backend="auto",
-                                 head_dim=d, heads_q=8)
+    q = jax.ShapeDtypeStruct((1, 256, 8, d), jnp.bfloat16)
+    call = api._dense_call(q, q, q, causal=True)
     monkeypatch.setattr(api, "_warned", set())
     with pytest.warns(UserWarning, match=re.escape(_refusal_on_99_kb(d, 89))):
-        assert api.plan(jnp.bfloat16, d, varlen=False, options=options, device_sm=89)[0] == "reference"
+        assert api.choose(call, device_sm=89)[0] == "reference"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert api.plan(jnp.bfloat16, d, varlen=False, options=options, device_sm=89)[0] == "reference"
+        assert api.choose(call, device_sm=89)[0] == "reference"
 
 
 def test_registers_ffi_targets():
@@ -217,17 +252,24 @@ def test_registers_ffi_targets():
 
 
 def test_sm90_split_keys_rule():
-    # csrc/kernels/sm90/fwd_split_kv.h through the C API: split where tiles fill at most half of the SMs and the rows
+    # csrc/kernels/sm90/fwd_split_kv.h through the plan: split where tiles fill at most half of the SMs and the rows
     # see at least 8 KV blocks, into as many parts as fit the SMs (at least 4 blocks each); capped calls alike.
-    def splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim=128, window_left=-1, softcap=False, sms=132):
-        return _ffi.sm90_fwd_num_splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, window_left, softcap,
-                                        sms)
+    if _smem("sm90", "fwd", "bf16", 64) is None:
+        pytest.skip("no sm90 forward at head dim 64 in this build")
+
+    # Head dim 64 (the CI set's): 128 keys per block for these calls, as at 128.
+    def splits(batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim=64, window_left=-1, softcap=0.0, sms=132):
+        fwd = _plan(90, head_dim=head_dim, num_sms=sms, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                    heads_q=heads_q, heads_k=heads_k, window_left=window_left, softcap=softcap)["fwd"]
+        if fwd["num_splits"] > 1:
+            assert fwd["workspace"][0]["shape"] == [batch, fwd["num_splits"], heads_q, seqlen_q, head_dim]
+            assert fwd["pack_group"] == heads_q // heads_k  # the split kernel packs every GQA call
+        return fwd["num_splits"]
     assert splits(1, 1, 8192, 32, 8) == 16  # 8 packed tiles, 64 blocks of 128 keys
     assert splits(1, 1, 32768, 16, 16) == 8  # 16 tiles
-    assert splits(1, 1, 4000, 8, 8, head_dim=256) == 12  # 50 blocks of 80 keys
     assert splits(2, 16, 5000, 16, 2) == 10  # 4 tiles, 40 blocks
     assert splits(1, 1, 8192, 32, 8, sms=78) == 9
-    assert splits(1, 1, 8192, 32, 8, softcap=True) == 16  # the split kernel has a capped twin
+    assert splits(1, 1, 8192, 32, 8, softcap=5.0) == 16  # the split kernel has a capped twin
     for whole in (splits(64, 1, 8192, 32, 8), splits(1, 1, 500, 32, 8), splits(1, 4096, 4096, 16, 16),
                   splits(1, 64, 8192, 32, 8, window_left=100),
                   splits(1, 1, 8192, 32, 8, sms=0), splits(1, 1, 0, 32, 8), splits(0, 1, 8192, 32, 8)):
@@ -271,3 +313,24 @@ def test_split_keys_lower_to_the_split_target_with_its_workspace(monkeypatch):
         assert "num_splits = 16 : i32" in split[0] and "tensor<1x16x32x1x64xf32>" in split[0], split[0]
     whole = lowered(500)
     assert "@flashjax_fwd(" in whole and "flashjax_fwd_split" not in whole
+
+
+def test_the_backward_lowers_with_the_plans_workspace(monkeypatch):
+    # dq accumulator and per-row statistics as the plan sizes them (rows rounded up to 128): three more f32 results
+    # of the FFI call, which the primitive does not return.
+    if _smem("sm80", "bwd", "bf16", 64) is None:
+        pytest.skip("no sm80 backward at head dim 64 in this build")
+    monkeypatch.setattr(_ffi, "default_device", lambda: (80, 108))
+    monkeypatch.setattr(_ffi, "register_targets", lambda: None)
+    from flashjax import primitives
+    q = jax.ShapeDtypeStruct((2, 300, 4, 64), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 200, 2, 64), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((2, 4, 300), jnp.float32)
+    sinks = jax.ShapeDtypeStruct((4,), jnp.float32)
+    params = dict(softmax_scale=0.125, softcap=0.0, window_left=-1, window_right=0, has_sinks=False,
+                  has_dlse=False)
+    fn = jax.jit(lambda *a: primitives.bwd_p.bind(*a, **params))
+    text = fn.trace(q, k, k, q, lse, q, lse, sinks).lower(lowering_platforms=("cuda",)).as_text()
+    call = [line for line in text.splitlines() if "@flashjax_bwd" in line]
+    assert len(call) == 1, text
+    assert "tensor<2x4x384x64xf32>, tensor<2x4x384xf32>, tensor<2x4x384xf32>" in call[0], call[0]

@@ -98,15 +98,14 @@ def test_jvp_runs_tangent_and_matches_reference():
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
-def test_bwd_workspace_shapes():
+def test_bwd_outputs_are_the_gradients():
+    # The backward's workspace exists only inside its CUDA lowering (test_library.py checks it there): the primitive
+    # returns the gradients and nothing else, so vmap and autodiff never see workspace shapes.
     q, k, v, s = _inputs(6)
     out, lse = primitives.forward(q, k, v, s, **_params())
     outs = jax.eval_shape(lambda *a: primitives.bwd_p.bind(*a, has_dlse=True, **_params()),
                           q, k, v, out, lse, out, lse, s)
-    rounded = primitives.bwd_seqlen_q_rounded(SQ)
-    assert rounded >= SQ and rounded % 64 == 0
-    assert [o.shape for o in outs] == [q.shape, k.shape, v.shape, s.shape, (B, HQ, rounded, D),
-                                       (B, HQ, rounded), (B, HQ, rounded)]
+    assert [o.shape for o in outs] == [q.shape, k.shape, v.shape, s.shape]
 
 
 @pytest.mark.parametrize("in_axes", [(0, None, None, None), (0, 0, 0, None), (1, None, 2, None)])

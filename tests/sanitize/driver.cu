@@ -293,12 +293,19 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   if (c.num_splits > 1) {  // the workspace as Python sizes it, poisoned: the combine must read only what parts wrote
     const flashjax::FwdSplitWorkspaceLayout split =
         flashjax::fwd_split_workspace_layout(c.batch, c.num_splits, c.heads_q, c.seqlen_q, D);
-    fp.num_splits = c.num_splits;
     fp.o_partial = arena.alloc<float>(split.o_partial);
     fp.lse_partial = arena.alloc<float>(split.lse_partial);
     poison(fp.o_partial, 4 * split.o_partial);
     poison(fp.lse_partial, 4 * split.lse_partial);
   }
+  // The family's choices for this call, as the FFI handler writes them from the plan (the split count is the
+  // config's, as a lowering fixes it).
+  flashjax::ChoiceQuery query;
+  query.num_splits = c.num_splits;
+  const flashjax::FamilyChoices choices = variant.fwd->choices(fp, query);
+  fp.tile_class = choices.tile_class;
+  fp.pack_group = choices.pack_group;
+  fp.num_splits = choices.num_splits;
   CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
   if (const cudaError_t err = launch(*variant.fwd, fp, stream); err != cudaSuccess) {
     throw Failure{std::string("forward launch: ") + cudaGetErrorString(err)};

@@ -52,11 +52,16 @@ struct FwdParams : AttnShape {
   void* o = nullptr;
   float* lse = nullptr;  // natural-log LSE including the sink term; -inf for an empty row without sinks
   // Split keys (sm90 only, csrc/kernels/sm90/fwd_split_kv.h): num_splits > 1 asks for that many parts per tile, with
-  // the f32 workspace Python allocated by fwd_split_workspace_layout (flashjax/workspace.h). A family that does
-  // not split, or a call the split kernel does not serve, ignores them.
+  // the f32 workspace the plan sized by fwd_split_workspace_layout (flashjax/workspace.h). A family that does
+  // not split ignores them.
   int32_t num_splits = 1;
   float* o_partial = nullptr;    // [B, num_splits, Hq, Sq, D]
   float* lse_partial = nullptr;  // [B, num_splits, Hq, Sq]
+  // The plan's choices (flashjax/choices.h, csrc/ffi/plan.h) that the family's launcher follows: its tile
+  // configuration (the family's own index) and the query heads sharing one tile (GQA packing; 1: none). Last in the
+  // struct, so that the fields kernels read keep their offsets.
+  int32_t tile_class = 0;
+  int32_t pack_group = 1;
 };
 
 // Backward: (q, k, v, o, lse, do, dlse[, sinks]) -> (dq, dk, dv[, dsinks]).

@@ -4,3 +4,5 @@
 template cudaError_t flashjax::sm80::run_bwd<cutlass::bfloat16_t, 96>(
     const flashjax::BwdParams&, cudaStream_t);
 template int flashjax::sm80::bwd_smem_bytes<cutlass::bfloat16_t, 96>();
+template flashjax::FamilyChoices flashjax::sm80::bwd_choices<cutlass::bfloat16_t, 96>(
+    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);

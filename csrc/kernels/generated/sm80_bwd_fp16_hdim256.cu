@@ -4,3 +4,5 @@
 template cudaError_t flashjax::sm80::run_bwd<cutlass::half_t, 256>(
     const flashjax::BwdParams&, cudaStream_t);
 template int flashjax::sm80::bwd_smem_bytes<cutlass::half_t, 256>();
+template flashjax::FamilyChoices flashjax::sm80::bwd_choices<cutlass::half_t, 256>(
+    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);

@@ -4,3 +4,5 @@
 template cudaError_t flashjax::sm80::run_fwd<cutlass::half_t, 256>(
     const flashjax::FwdParams&, cudaStream_t);
 template int flashjax::sm80::fwd_smem_bytes<cutlass::half_t, 256>();
+template flashjax::FamilyChoices flashjax::sm80::fwd_choices<cutlass::half_t, 256>(
+    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);

@@ -4,3 +4,5 @@
 template cudaError_t flashjax::sm90::run_fwd<cutlass::bfloat16_t, 192>(
     const flashjax::FwdParams&, cudaStream_t);
 template int flashjax::sm90::fwd_smem_bytes<cutlass::bfloat16_t, 192>();
+template flashjax::FamilyChoices flashjax::sm90::fwd_choices<cutlass::bfloat16_t, 192>(
+    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);

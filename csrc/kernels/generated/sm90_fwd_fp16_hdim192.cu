@@ -4,3 +4,5 @@
 template cudaError_t flashjax::sm90::run_fwd<cutlass::half_t, 192>(
     const flashjax::FwdParams&, cudaStream_t);
 template int flashjax::sm90::fwd_smem_bytes<cutlass::half_t, 192>();
+template flashjax::FamilyChoices flashjax::sm90::fwd_choices<cutlass::half_t, 192>(
+    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);

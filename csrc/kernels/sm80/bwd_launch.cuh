@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
+#include <string>
+
 #include "flashjax/params.h"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/sm80/bwd_kernel.cuh"
@@ -62,6 +64,21 @@ template <typename Element, int kHeadDim>
 int bwd_smem_bytes() {
   constexpr int kSmemBytes = BwdLayouts<Element, kHeadDim>::kSmemBytes;
   return kSmemBytes;
+}
+
+// Declared in launch.h: one tile configuration whatever the call (each CTA owns block_n keys and steps over
+// block_m query rows).
+template <typename Element, int kHeadDim>
+FamilyChoices bwd_choices(const AttnShape&, const ChoiceQuery& query) {
+  using Layouts = BwdLayouts<Element, kHeadDim>;
+  FamilyChoices choices;
+  choices.block_m = Layouts::kBlockM;
+  choices.block_n = Layouts::kBlockN;
+  if (query.explain) {
+    choices.tile_reason = std::to_string(choices.block_n) + " keys per CTA, " + std::to_string(choices.block_m) +
+                          " query rows per step (the family's one configuration for this head dim)";
+  }
+  return choices;
 }
 
 }  // namespace flashjax::sm80

@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <string>
 
 #include "flashjax/params.h"
 #include "kernels/sm80/fwd_kernel.cuh"
@@ -44,6 +45,20 @@ template <typename Element, int kHeadDim>
 int fwd_smem_bytes() {
   constexpr int kSmemBytes = FwdLayouts<Element, kHeadDim>::kSmemBytes;
   return kSmemBytes;
+}
+
+// Declared in launch.h: one tile configuration whatever the call.
+template <typename Element, int kHeadDim>
+FamilyChoices fwd_choices(const AttnShape&, const ChoiceQuery& query) {
+  using Layouts = FwdLayouts<Element, kHeadDim>;
+  FamilyChoices choices;
+  choices.block_m = Layouts::kBlockM;
+  choices.block_n = Layouts::kBlockN;
+  if (query.explain) {
+    choices.tile_reason = std::to_string(choices.block_m) + " x " + std::to_string(choices.block_n) +
+                          " tiles (the family's one configuration for this head dim)";
+  }
+  return choices;
 }
 
 }  // namespace flashjax::sm80

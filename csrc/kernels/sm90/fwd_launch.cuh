@@ -1,8 +1,9 @@
 // Host launcher of the sm90 forward kernel: defines flashjax::sm90::run_fwd (declared in launch.h).
 // Included by the generated instantiation files, one per (Element, head dim).
 //
-// Per call it decides whether GQA is packed (fwd_pack_gqa.h), builds the TMA descriptors (host-side encoding, no
-// device work), sizes the persistent grid from the device's SM count and launches. Nothing here synchronizes,
+// Per call it follows the plan's choices in FwdParams (tile class, GQA packing, key splits: fwd_choices.cuh, asked
+// by the plan through launch.h), builds the TMA descriptors (host-side encoding, no device work), sizes the
+// persistent grid from the device's SM count and launches. Nothing here synchronizes,
 // allocates or reads device memory, so the call can be captured into a CUDA graph.
 #pragma once
 
@@ -10,13 +11,14 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <mutex>
 #include <vector>
 
+#include "flashjax/choices.h"
 #include "flashjax/params.h"
+#include "flashjax/settings.h"
+#include "kernels/sm90/fwd_choices.cuh"
 #include "kernels/sm90/fwd_kernel.cuh"
-#include "kernels/sm90/fwd_pack_gqa.h"
 #include "kernels/sm90/fwd_split_combine.cuh"
 #include "kernels/sm90/fwd_split_kv.h"
 #include "kernels/sm90/launch.h"
@@ -38,39 +40,12 @@ bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, in
          ok(batch_stride * kBytes);
 }
 
-// The call's FwdKeyLoad (fwd_tile_sizes.cuh): kMany = more than one 128-row tile of queries, and either no band or a
-// band whose middle query row sees at least 2048 keys (about the mean over the rows for causal and sliding-window
-// bands), and of those kManyShortRows = no band and at most 512 keys; kFewShortBand = more than one tile and a band
-// whose middle row sees fewer than 512 keys. The normalized band drops a side that excludes nothing, so e.g. a window
-// wider than the sequence counts as no band.
-inline FwdKeyLoad key_load(const FwdParams& params) {
-  if (params.seqlen_q <= 128) return FwdKeyLoad::kFew;
-  const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-  if (band.left < 0 && band.right < 0) return params.seqlen_k <= 512 ? FwdKeyLoad::kManyShortRows : FwdKeyLoad::kMany;
-  const int middle_row = params.seqlen_q / 2;
-  const int middle_keys = band.col_end(middle_row) - band.col_begin(middle_row);
-  return middle_keys >= 2048 ? FwdKeyLoad::kMany : middle_keys >= 512 ? FwdKeyLoad::kFew : FwdKeyLoad::kFewShortBand;
-}
+// Test knob: FLASHJAX_SM90_MAX_CTAS=n (flashjax/settings.h) caps the persistent grid at n CTAs, so that small
+// problems (the sanitizer's, the GPU tests') run many tiles per CTA and reach the hand-over from one tile to the next.
+inline int max_ctas_for_tests() { return setting_int(Setting::kSm90MaxCtas, 0); }
 
-// An integer environment setting of the launcher (fallback when unset), read by its callers once per process.
-inline int env_int(const char* name, int fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::atoi(value) : fallback;
-}
-
-// Test knob: FLASHJAX_SM90_MAX_CTAS=n caps the persistent grid at n CTAs, so that small problems (the sanitizer's,
-// the GPU tests') run many tiles per CTA and reach the hand-over from one tile to the next. Read once per process.
-inline int max_ctas_for_tests() {
-  static const int max_ctas = env_int("FLASHJAX_SM90_MAX_CTAS", 0);
-  return max_ctas;
-}
-
-// FLASHJAX_SM90_PDL=0 launches without programmatic dependent launch, to compare the two in one build (README).
-// Read once per process.
-inline bool programmatic_launch() {
-  static const bool enabled = env_int("FLASHJAX_SM90_PDL", 1) != 0;
-  return enabled;
-}
+// FLASHJAX_SM90_PDL=0 launches without programmatic dependent launch, to compare the two in one build.
+inline bool programmatic_launch() { return setting_int(Setting::kSm90Pdl, 1) != 0; }
 
 // A launch on the stream, with programmatic dependent launch where programmatic_launch(): the kernel may start while
 // the stream's previous kernel finishes, and must wait for it (griddepcontrol.wait) before its first global access.
@@ -255,12 +230,14 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
-  // Python asked for parts (fwd_num_splits, at lowering) and gave the workspace.
+  // The plan's choices (fwd_choices below): split keys into the workspace the lowering allocated, else packed GQA
+  // (only with the whole group: the packed tiling indexes query heads by it), else the tile class.
   if (params.num_splits > 1) return detail::launch_split<Element, kHeadDim>(params, stream);
-  if (const int group = fwd_pack_group(params.seqlen_q, params.heads_q, params.heads_k, pack_gqa_mode()); group > 1) {
-    return detail::launch_packed<Element, kHeadDim>(params, group, stream);
+  if (params.pack_group > 1) {
+    if (params.pack_group != params.heads_q / params.heads_k) return cudaErrorInvalidValue;
+    return detail::launch_packed<Element, kHeadDim>(params, params.pack_group, stream);
   }
-  switch (detail::key_load(params)) {
+  switch (static_cast<FwdKeyLoad>(params.tile_class)) {
     case FwdKeyLoad::kFewShortBand:
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kFewShortBand>(params, stream);
     case FwdKeyLoad::kFew:
@@ -270,6 +247,13 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
     default:
       return detail::launch_fwd_for<Element, kHeadDim, FwdKeyLoad::kMany>(params, stream);
   }
+}
+
+// Declared in launch.h: the choices run_fwd follows, for the plan (any FwdKeyLoad serves any call correctly; the
+// choice is about speed).
+template <typename Element, int kHeadDim>
+FamilyChoices fwd_choices(const AttnShape& shape, const ChoiceQuery& query) {
+  return fwd_choices_for(kHeadDim, shape, query);
 }
 
 // Declared in launch.h: the most dynamic shared memory any launch of run_fwd requests, i.e. the largest of its tiles'

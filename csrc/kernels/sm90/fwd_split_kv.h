@@ -1,15 +1,14 @@
 // When the sm90 forward splits keys: a call with too few query tiles to fill the GPU (decode of a few sequences
 // against a long cache: one tile per KV head) runs each tile's KV range as num_splits parts on separate CTAs, each
 // writing a partial O (f32, normalized by its own sum) and its LSE to a workspace; a second kernel combines the parts
-// (fwd_split_combine.cuh). Plain C++ (no CUDA), so that the C API (csrc/ffi/c_api.cpp) answers Python, which sizes
-// the workspace when it lowers the call, with the function the launcher checks.
+// (fwd_split_combine.cuh). Plain C++ (no CUDA): the rule the family's plan applies (fwd_choices.cuh) when a call is
+// lowered, since XLA allocates the parts' workspace then; the handler's plan and the launcher take the count as given.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "flashjax/settings.h"
 #include "kernels/sm90/fwd_pack_gqa.h"
 #include "kernels/sm90/fwd_tile_sizes.cuh"
 
@@ -20,15 +19,11 @@ constexpr int kMaxKvSplits = 64;
 // Fewest KV blocks per part: a part pays a tile's fixed path (Q load, first block, epilogue) like a whole tile.
 constexpr int kMinBlocksPerSplit = 4;
 
-// FLASHJAX_SM90_SPLIT_KV: unset or "auto" splits where the rule below says so, "0" never, n > 1 splits every call
-// the split kernel serves into n parts (tests force the path with it). Read once per process.
+// FLASHJAX_SM90_SPLIT_KV (flashjax/settings.h): unset or "auto" splits where the rule below says so, "0" never,
+// n > 1 splits every call into n parts (at most kMaxKvSplits; tests force the path with it).
 inline int split_kv_mode() {
-  static const int mode = [] {
-    const char* value = std::getenv("FLASHJAX_SM90_SPLIT_KV");
-    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "auto") == 0) return -1;
-    return std::max(0, std::min(std::atoi(value), kMaxKvSplits));
-  }();
-  return mode;
+  const int value = setting_int(Setting::kSm90SplitKv, -1);
+  return value < 0 ? -1 : std::min(value, kMaxKvSplits);
 }
 
 // Parts per tile for a call on a GPU of num_sms SMs: 1 (no split) unless the call's tiles fill at most half of the

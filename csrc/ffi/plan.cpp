@@ -1,0 +1,136 @@
+#include "ffi/plan.h"
+
+#include <cstdio>
+
+#include "flashjax/workspace.h"
+
+namespace flashjax {
+namespace {
+
+// The call at its compiled width, as the families' choice functions and launchers see it (strides aside).
+AttnShape compiled_shape(const Problem& problem, int32_t width) {
+  AttnShape shape;
+  shape.batch = problem.batch;
+  shape.seqlen_q = problem.seqlen_q;
+  shape.seqlen_k = problem.seqlen_k;
+  shape.heads_q = problem.heads_q;
+  shape.heads_k = problem.heads_k;
+  shape.head_dim = width;
+  shape.dtype = problem.dtype;
+  shape.softcap = problem.softcap;
+  shape.window_left = problem.window_left;
+  shape.window_right = problem.window_right;
+  return shape;
+}
+
+std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits) {
+  if (direction == Direction::kFwd) {
+    if (num_splits <= 1) return {};
+    return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
+            {"lse_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q}}};
+  }
+  const BwdWorkspaceLayout layout = bwd_workspace_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim);
+  return {{"dq_accum", {shape.batch, shape.heads_q, layout.seqlen_q_rounded, shape.head_dim}},
+          {"dpsum", {shape.batch, shape.heads_q, layout.seqlen_q_rounded}},
+          {"lse_log2", {shape.batch, shape.heads_q, layout.seqlen_q_rounded}}};
+}
+
+// A JSON string literal.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string pass_json(const PassPlan& pass) {
+  const FamilyChoices& c = pass.choices;
+  std::string workspace;
+  for (const WorkspaceBuffer& buffer : pass.workspace) {
+    std::string dims;
+    for (const int64_t d : buffer.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    workspace += std::string(workspace.empty() ? "" : ", ") + "{\"name\": " + quoted(buffer.name) +
+                 ", \"shape\": [" + dims + "]}";
+  }
+  return std::string("{\"family\": ") + (pass.kernel != nullptr ? quoted(pass.kernel->family) : "null") +
+         ", \"reason\": " + quoted(pass.reason) + ", \"tile_class\": " + std::to_string(c.tile_class) +
+         ", \"block_m\": " + std::to_string(c.block_m) + ", \"block_n\": " + std::to_string(c.block_n) +
+         ", \"pack_group\": " + std::to_string(c.pack_group) + ", \"num_splits\": " + std::to_string(c.num_splits) +
+         ", \"tile_reason\": " + quoted(c.tile_reason) + ", \"packing_reason\": " + quoted(c.packing_reason) +
+         ", \"split_reason\": " + quoted(c.split_reason) + ", \"workspace\": [" + workspace + "]}";
+}
+
+}  // namespace
+
+PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProps& device,
+                   const std::vector<KernelEntry>& table, const std::vector<std::string>& compiled_archs,
+                   bool explain) {
+  PassPlan pass;
+  pass.direction = direction;
+  const int32_t width = padded_head_dim(problem.head_dim);
+  if (problem.batch < 0 || problem.seqlen_q < 0 || problem.seqlen_k < 0 || problem.heads_k <= 0 ||
+      problem.heads_q % problem.heads_k != 0 || problem.head_dim <= 0 || width == 0) {
+    pass.reason = "no kernel takes this problem (B " + std::to_string(problem.batch) + ", Sq " +
+                  std::to_string(problem.seqlen_q) + ", Sk " + std::to_string(problem.seqlen_k) + ", Hq " +
+                  std::to_string(problem.heads_q) + ", Hk " + std::to_string(problem.heads_k) + ", head dim " +
+                  std::to_string(problem.head_dim) + ")";
+    return pass;
+  }
+  if (direction == Direction::kBwd && problem.deterministic) {
+    pass.reason = "deterministic=True: the backward kernels accumulate dq with atomics";
+    return pass;
+  }
+  ProblemKey key;
+  key.direction = direction;
+  key.dtype = problem.dtype;
+  key.head_dim = width;
+  key.varlen = problem.varlen;
+  key.mask_mod = problem.mask_mod;
+  Choice choice = choose_kernel(device.sm, compiled_archs, key, table, device.smem_per_block_optin, explain);
+  pass.kernel = choice.kernel;
+  pass.reason = std::move(choice.reason);
+  const AttnShape shape = compiled_shape(problem, width);
+  if (pass.kernel != nullptr && pass.kernel->choices != nullptr) {
+    ChoiceQuery query;
+    query.num_sms = device.num_sms;
+    query.num_splits = direction == Direction::kFwd ? problem.num_splits : 1;
+    query.explain = explain;
+    pass.choices = pass.kernel->choices(shape, query);
+  }
+  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits);
+  return pass;
+}
+
+Plan plan_call(const Problem& problem, const DeviceProps& device, const std::vector<KernelEntry>& table,
+               const std::vector<std::string>& compiled_archs) {
+  Plan plan;
+  plan.head_dim = padded_head_dim(problem.head_dim);
+  plan.device = device;
+  if (plan.device.smem_per_block_optin <= 0) plan.device.smem_per_block_optin = max_smem_per_block_optin(device.sm);
+  plan.fwd = plan_pass(Direction::kFwd, problem, plan.device, table, compiled_archs, true);
+  plan.bwd = plan_pass(Direction::kBwd, problem, plan.device, table, compiled_archs, true);
+  plan.reason = plan.fwd.kernel == nullptr ? plan.fwd.reason
+                : plan.bwd.kernel == nullptr ? plan.bwd.reason
+                                             : plan.fwd.reason;
+  return plan;
+}
+
+std::string plan_json(const Plan& plan) {
+  return std::string("{\"runs\": ") + (plan.runs() ? "true" : "false") + ", \"reason\": " + quoted(plan.reason) +
+         ", \"head_dim\": " + std::to_string(plan.head_dim) + ", \"device\": {\"sm\": " +
+         std::to_string(plan.device.sm) + ", \"smem_per_block_optin\": " +
+         std::to_string(plan.device.smem_per_block_optin) + ", \"num_sms\": " + std::to_string(plan.device.num_sms) +
+         "}, \"fwd\": " + pass_json(plan.fwd) + ", \"bwd\": " + pass_json(plan.bwd) + "}";
+}
+
+}  // namespace flashjax

@@ -1,0 +1,36 @@
+// What a kernel family decides for one call beyond which kernel runs it: the tile configuration, GQA packing and
+// key splits, each with its reason. Each family reports them through its launch.h (fwd_choices / bwd_choices, one
+// instantiation per kernel, listed in the kernel table); the plan (csrc/ffi/plan.h) puts them into the call's plan;
+// the FFI handler writes the decisions into FwdParams (tile_class, pack_group, num_splits), and the family's launcher
+// follows them without deciding anything again.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "flashjax/params.h"
+
+namespace flashjax {
+
+struct FamilyChoices {
+  int32_t tile_class = 0;  // the family's own index of its tile configuration (FwdParams::tile_class)
+  int32_t block_m = 0;     // query rows per tile
+  int32_t block_n = 0;     // keys per mainloop step
+  int32_t pack_group = 1;  // query heads sharing one tile (GQA packing); 1: no packing
+  int32_t num_splits = 1;  // parts each tile's keys run as on separate CTAs (split keys); 1: no split
+  // Why, in words (filled only when the plan is asked to explain itself).
+  std::string tile_reason;
+  std::string packing_reason;
+  std::string split_reason;
+};
+
+// What a family's choice function sees besides the call (its AttnShape, at the compiled head width).
+struct ChoiceQuery {
+  int32_t num_sms = 0;     // SMs of the device the call is planned for; 0 when unknown (then nothing splits by rule)
+  int32_t num_splits = 0;  // 0: choose; n >= 1: the count the lowering fixed (XLA sized the workspace for it)
+  bool explain = false;    // fill the reasons
+};
+
+using ChoiceFn = FamilyChoices (*)(const AttnShape& shape, const ChoiceQuery& query);
+
+}  // namespace flashjax

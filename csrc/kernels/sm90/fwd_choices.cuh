@@ -1,0 +1,88 @@
+// The sm90 forward's per-call choices (flashjax/choices.h): key splitting (fwd_split_kv.h), GQA packing
+// (fwd_pack_gqa.h) and the tile configuration by how many keys the rows see (FwdKeyLoad, fwd_tile_sizes.cuh). The
+// plan asks them through launch.h's fwd_choices; run_fwd follows what the plan wrote into FwdParams.
+#pragma once
+
+#include <string>
+
+#include "flashjax/choices.h"
+#include "flashjax/params.h"
+#include "kernels/common/band_mask.cuh"
+#include "kernels/sm90/fwd_pack_gqa.h"
+#include "kernels/sm90/fwd_split_kv.h"
+#include "kernels/sm90/fwd_tile_sizes.cuh"
+
+namespace flashjax::sm90 {
+
+// The call's FwdKeyLoad: kMany = more than one 128-row tile of queries, and either no band or a band whose middle
+// query row sees at least 2048 keys (about the mean over the rows for causal and sliding-window bands), and of those
+// kManyShortRows = no band and at most 512 keys; kFewShortBand = more than one tile and a band whose middle row sees
+// fewer than 512 keys. The normalized band drops a side that excludes nothing, so e.g. a window wider than the
+// sequence counts as no band.
+inline FwdKeyLoad key_load(const AttnShape& shape) {
+  if (shape.seqlen_q <= 128) return FwdKeyLoad::kFew;
+  const common::BandMask band(shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right);
+  if (band.left < 0 && band.right < 0) return shape.seqlen_k <= 512 ? FwdKeyLoad::kManyShortRows : FwdKeyLoad::kMany;
+  const int middle_row = shape.seqlen_q / 2;
+  const int middle_keys = band.col_end(middle_row) - band.col_begin(middle_row);
+  return middle_keys >= 2048 ? FwdKeyLoad::kMany : middle_keys >= 512 ? FwdKeyLoad::kFew : FwdKeyLoad::kFewShortBand;
+}
+
+inline const char* key_load_name(FwdKeyLoad load) {
+  switch (load) {
+    case FwdKeyLoad::kFewShortBand:
+      return "a short band: the middle row sees fewer than 512 keys";
+    case FwdKeyLoad::kFew:
+      return "few keys per row: one tile of queries, or a band whose middle row sees fewer than 2048 keys";
+    case FwdKeyLoad::kManyShortRows:
+      return "no band and at most 512 keys";
+    default:
+      return "many keys per row";
+  }
+}
+
+inline FamilyChoices fwd_choices_for(int head_dim, const AttnShape& shape, const ChoiceQuery& query) {
+  FamilyChoices choices;
+  const int group = shape.heads_k > 0 ? shape.heads_q / shape.heads_k : 1;
+  choices.num_splits = query.num_splits >= 1
+                           ? query.num_splits
+                           : fwd_num_splits(shape.batch, shape.seqlen_q, shape.seqlen_k, shape.heads_q,
+                                            shape.heads_k, head_dim, shape.window_left, query.num_sms,
+                                            split_kv_mode());
+  // The split kernel packs every GQA call; otherwise the packing rule decides.
+  choices.pack_group = choices.num_splits > 1
+                           ? group
+                           : fwd_pack_group(shape.seqlen_q, shape.heads_q, shape.heads_k, pack_gqa_mode());
+  // Packed and split calls take kFew's tiles (their query sequences are short); the others the key load's.
+  const FwdKeyLoad load =
+      choices.num_splits > 1 || choices.pack_group > 1 ? FwdKeyLoad::kFew : key_load(shape);
+  const FwdTileSizes tiles = fwd_tile_sizes(head_dim, load);
+  choices.tile_class = static_cast<int32_t>(load);
+  choices.block_m = tiles.block_m;
+  choices.block_n = tiles.block_n;
+  if (!query.explain) return choices;
+  choices.tile_reason = std::to_string(tiles.block_m) + " x " + std::to_string(tiles.block_n) + " tiles (" +
+                        (choices.num_splits > 1   ? "the split kernel's"
+                         : choices.pack_group > 1 ? "the packed kernel's"
+                                                  : key_load_name(load)) +
+                        ")";
+  if (choices.pack_group > 1) {
+    choices.packing_reason = "the " + std::to_string(group) + " query heads of a KV head share each forward tile";
+  } else if (group > 1) {
+    choices.packing_reason = pack_gqa_mode() == PackGqaMode::kNever
+                                 ? "unpacked: FLASHJAX_SM90_PACK_GQA=0"
+                                 : "unpacked: packing would remove fewer than a quarter of the 128-row tiles";
+  }
+  if (choices.num_splits > 1) {
+    choices.split_reason = "each forward tile's keys run as " + std::to_string(choices.num_splits) +
+                           " parts on separate CTAs, merged by a second kernel";
+  } else {
+    choices.split_reason = split_kv_mode() == 0 ? "not split: FLASHJAX_SM90_SPLIT_KV=0"
+                           : query.num_sms <= 0 ? "not split: the device's SM count is unknown"
+                                                : "not split: the tiles fill more than half of the SMs, or the "
+                                                  "rows see fewer than 8 key blocks";
+  }
+  return choices;
+}
+
+}  // namespace flashjax::sm90

@@ -1,0 +1,199 @@
+// The plan of a call (csrc/ffi/plan.h) over a small fake kernel table: both passes planned, the head width padded,
+// the family's choices asked with the call's shape and the lowering's split count, the workspace sized, each refusal
+// explained, and the JSON Python reads.
+#include <gtest/gtest.h>
+
+#include "ffi/plan.h"
+
+namespace flashjax {
+namespace {
+
+// A family whose forward splits keys into the fixed count when given one, else into 3 parts when the device has
+// more than 100 SMs; it records what it was asked.
+AttnShape g_seen_shape;
+ChoiceQuery g_seen_query;
+FamilyChoices fake_fwd_choices(const AttnShape& shape, const ChoiceQuery& query) {
+  g_seen_shape = shape;
+  g_seen_query = query;
+  FamilyChoices c;
+  c.tile_class = 2;
+  c.block_m = 128;
+  c.block_n = 64;
+  c.num_splits = query.num_splits >= 1 ? query.num_splits : query.num_sms > 100 ? 3 : 1;
+  c.pack_group = c.num_splits > 1 ? shape.heads_q / shape.heads_k : 1;
+  if (query.explain) c.tile_reason = "fake \"tiles\"";
+  return c;
+}
+
+FamilyChoices fake_bwd_choices(const AttnShape&, const ChoiceQuery&) {
+  FamilyChoices c;
+  c.block_m = 64;
+  c.block_n = 128;
+  return c;
+}
+
+KernelEntry entry(Direction d, DType t, int hdim, int smem = 48 * 1024) {
+  return {"sm80", d, t, hdim, false, smem, nullptr, d == Direction::kFwd ? fake_fwd_choices : fake_bwd_choices};
+}
+
+class PlanCall : public ::testing::Test {
+ protected:
+  std::vector<KernelEntry> table = {
+      entry(Direction::kFwd, DType::kBFloat16, 128),
+      entry(Direction::kBwd, DType::kBFloat16, 128),
+      entry(Direction::kFwd, DType::kFloat16, 64),  // no fp16 backward: calls of it take the reference
+      entry(Direction::kFwd, DType::kBFloat16, 256),
+      entry(Direction::kBwd, DType::kBFloat16, 256, 150 * 1024),  // over a 99 KB GPU's limit
+  };
+  std::vector<std::string> archs = {"80-real"};
+  Problem problem() {
+    Problem p;
+    p.batch = 2;
+    p.seqlen_q = 300;
+    p.seqlen_k = 500;
+    p.heads_q = 8;
+    p.heads_k = 2;
+    p.head_dim = 100;
+    return p;
+  }
+  DeviceProps device(int sm = 80, int num_sms = 108) {
+    DeviceProps d;
+    d.sm = sm;
+    d.num_sms = num_sms;
+    return d;
+  }
+};
+
+TEST_F(PlanCall, PlansBothPassesAtThePaddedWidth) {
+  const Plan plan = plan_call(problem(), device(), table, archs);
+  EXPECT_TRUE(plan.runs()) << plan.reason;
+  EXPECT_EQ(plan.head_dim, 128);
+  ASSERT_NE(plan.fwd.kernel, nullptr);
+  ASSERT_NE(plan.bwd.kernel, nullptr);
+  EXPECT_EQ(plan.fwd.kernel, &table[0]);
+  EXPECT_EQ(plan.bwd.kernel, &table[1]);
+  EXPECT_EQ(plan.device.smem_per_block_optin, 163 * 1024);  // the table's figure for sm80
+  EXPECT_EQ(plan.reason, plan.fwd.reason);
+  EXPECT_NE(plan.fwd.reason.find("sm80 forward kernel"), std::string::npos) << plan.fwd.reason;
+  EXPECT_EQ(plan.fwd.choices.tile_reason, "fake \"tiles\"");
+  EXPECT_EQ(plan.bwd.choices.block_n, 128);
+}
+
+TEST_F(PlanCall, TheFamilySeesTheCallAtItsCompiledWidth) {
+  Problem p = problem();
+  p.window_left = 16;
+  p.window_right = 0;
+  p.softcap = 5.f;
+  plan_call(p, device(80, 132), table, archs);
+  EXPECT_EQ(g_seen_shape.head_dim, 128);
+  EXPECT_EQ(g_seen_shape.seqlen_q, 300);
+  EXPECT_EQ(g_seen_shape.seqlen_k, 500);
+  EXPECT_EQ(g_seen_shape.heads_q, 8);
+  EXPECT_EQ(g_seen_shape.window_left, 16);
+  EXPECT_EQ(g_seen_shape.window_right, 0);
+  EXPECT_EQ(g_seen_shape.softcap, 5.f);
+  EXPECT_EQ(g_seen_query.num_sms, 132);
+  EXPECT_EQ(g_seen_query.num_splits, 0);
+  EXPECT_TRUE(g_seen_query.explain);
+}
+
+TEST_F(PlanCall, SplitsComeWithTheirWorkspace) {
+  const Plan split = plan_call(problem(), device(80, 132), table, archs);
+  EXPECT_EQ(split.fwd.choices.num_splits, 3);
+  EXPECT_EQ(split.fwd.choices.pack_group, 4);
+  ASSERT_EQ(split.fwd.workspace.size(), 2u);
+  EXPECT_STREQ(split.fwd.workspace[0].name, "o_partial");
+  EXPECT_EQ(split.fwd.workspace[0].shape, (std::vector<int64_t>{2, 3, 8, 300, 128}));
+  EXPECT_EQ(split.fwd.workspace[1].shape, (std::vector<int64_t>{2, 3, 8, 300}));
+  const Plan whole = plan_call(problem(), device(80, 100), table, archs);
+  EXPECT_EQ(whole.fwd.choices.num_splits, 1);
+  EXPECT_TRUE(whole.fwd.workspace.empty());
+}
+
+TEST_F(PlanCall, TheBackwardAlwaysHasItsWorkspace) {
+  const Plan plan = plan_call(problem(), device(), table, archs);
+  ASSERT_EQ(plan.bwd.workspace.size(), 3u);
+  EXPECT_STREQ(plan.bwd.workspace[0].name, "dq_accum");
+  EXPECT_EQ(plan.bwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 384, 128}));  // Sq rounded up to 128 rows
+  EXPECT_EQ(plan.bwd.workspace[1].shape, (std::vector<int64_t>{2, 8, 384}));
+  EXPECT_EQ(plan.bwd.workspace[2].shape, (std::vector<int64_t>{2, 8, 384}));
+}
+
+TEST_F(PlanCall, AFixedSplitCountIsTheLowerings) {
+  Problem p = problem();
+  p.num_splits = 5;
+  const PassPlan pass = plan_pass(Direction::kFwd, p, device(80, 0), table, archs, false);
+  ASSERT_NE(pass.kernel, nullptr);
+  EXPECT_EQ(g_seen_query.num_splits, 5);
+  EXPECT_FALSE(g_seen_query.explain);
+  EXPECT_EQ(pass.choices.num_splits, 5);
+  EXPECT_TRUE(pass.reason.empty());  // the handlers' path: no reasons for a choice that succeeds
+  EXPECT_TRUE(pass.choices.tile_reason.empty());
+  // The backward never splits, whatever the forward's lowering chose.
+  plan_pass(Direction::kBwd, p, device(), table, archs, false);
+}
+
+TEST_F(PlanCall, ACallWithoutABackwardKernelTakesTheReference) {
+  Problem p = problem();
+  p.dtype = DType::kFloat16;
+  p.head_dim = 64;
+  const Plan plan = plan_call(p, device(), table, archs);
+  EXPECT_NE(plan.fwd.kernel, nullptr);
+  EXPECT_EQ(plan.bwd.kernel, nullptr);
+  EXPECT_FALSE(plan.runs());
+  EXPECT_EQ(plan.reason, plan.bwd.reason);
+  EXPECT_NE(plan.reason.find("no backward kernel for fp16 head dim 64"), std::string::npos) << plan.reason;
+}
+
+TEST_F(PlanCall, SharedMemoryOfTheDeviceDecides) {
+  Problem p = problem();
+  p.head_dim = 256;
+  EXPECT_TRUE(plan_call(p, device(80), table, archs).runs());
+  const Plan small = plan_call(p, device(86), table, archs);
+  EXPECT_FALSE(small.runs());
+  EXPECT_NE(small.reason.find("needs 150 KB of shared memory per block; sm_86 allows 99 KB"), std::string::npos)
+      << small.reason;
+  DeviceProps measured = device(80);
+  measured.smem_per_block_optin = 100 * 1024;  // the handler's figure, the device's own attribute
+  EXPECT_FALSE(plan_call(p, measured, table, archs).runs());
+}
+
+TEST_F(PlanCall, RefusalsAreExplained) {
+  Problem deterministic = problem();
+  deterministic.deterministic = true;
+  const Plan d = plan_call(deterministic, device(), table, archs);
+  EXPECT_NE(d.fwd.kernel, nullptr);  // the forward does not depend on it
+  EXPECT_FALSE(d.runs());
+  EXPECT_NE(d.reason.find("deterministic=True"), std::string::npos) << d.reason;
+  Problem varlen = problem();
+  varlen.varlen = true;
+  EXPECT_NE(plan_call(varlen, device(), table, archs).reason.find("varlen"), std::string::npos);
+  Problem wide = problem();
+  wide.head_dim = 264;
+  const Plan w = plan_call(wide, device(), table, archs);
+  EXPECT_FALSE(w.runs());
+  EXPECT_EQ(w.head_dim, 0);
+  EXPECT_NE(w.reason.find("head dim 264"), std::string::npos) << w.reason;
+  Problem bad_heads = problem();
+  bad_heads.heads_k = 3;
+  EXPECT_FALSE(plan_call(bad_heads, device(), table, archs).runs());
+  EXPECT_NE(plan_call(problem(), device(70), table, archs).reason.find("no code for sm_70"), std::string::npos);
+}
+
+TEST_F(PlanCall, JsonCarriesEveryDecision) {
+  const std::string json = plan_json(plan_call(problem(), device(80, 132), table, archs));
+  for (const char* field :
+       {"\"runs\": true", "\"head_dim\": 128", "\"sm\": 80", "\"smem_per_block_optin\": 166912", "\"num_sms\": 132",
+        "\"family\": \"sm80\"", "\"num_splits\": 3", "\"pack_group\": 4", "\"tile_class\": 2", "\"block_n\": 64",
+        "\"tile_reason\": \"fake \\\"tiles\\\"\"", "{\"name\": \"o_partial\", \"shape\": [2, 3, 8, 300, 128]}",
+        "{\"name\": \"dq_accum\", \"shape\": [2, 8, 384, 128]}"}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
+  }
+  Problem p = problem();
+  p.dtype = DType::kFloat16;
+  p.head_dim = 64;
+  EXPECT_NE(plan_json(plan_call(p, device(), table, archs)).find("\"runs\": false"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flashjax
