@@ -1,8 +1,8 @@
-"""Side-by-side attention benchmark: flashjax against cuDNN, XLA and Pallas on the same inputs (DESIGN.md §6).
+"""Side-by-side attention benchmark: flashjax against cuDNN, XLA and Pallas on the same inputs (docs/design.md §6).
 
     python bench/bench.py --quick --json out/bench.json --png out/bench.png
     python bench/bench.py --rows 'd128-.*-causal' --dirs fwd --reps 50
-    python bench/bench.py --floors          # roofline floors of the grid, as a markdown table (bench/NOTES.md)
+    python bench/bench.py --floors          # roofline floors of the grid, as a markdown table (docs/performance.md)
 
 Every peer is optional: an implementation that cannot be imported, traced, compiled or run records
 "n/a: <reason>" for that row instead of stopping the run. Each measured output is checked against cuDNN
@@ -51,7 +51,7 @@ class Row:
         return 1.0 / math.sqrt(self.head_dim)
 
     def visible_pairs(self):
-        """(query, key) pairs that attend, per (batch, head), with DESIGN.md §2.3's bottom-right band.
+        """(query, key) pairs that attend, per (batch, head), with docs/design.md §2.3's bottom-right band.
 
         Plain causal uses the field's convention Sq*Sk/2 (not the exact S(S+1)/2) so our numbers compare
         with published ones; windows count exactly, since halving would credit work a kernel must skip.
@@ -336,8 +336,8 @@ def floors_table(rows):
 def warm_up(seconds):
     """Dense bf16 matmuls for `seconds` before the first row. A GPU that idled before the run ramps its clocks while
     the first row is timed: on the H200 that row read 4-12% low against the same row later in the run (the first
-    row of every process: d64-s512-full 0.96 and 0.88 of cuDNN, the same kernels >= 1.0 elsewhere; bench/NOTES.md
-    v7)."""
+    row of every process: d64-s512-full 0.96 and 0.88 of cuDNN, the same kernels >= 1.0 elsewhere;
+    docs/performance.md)."""
     if seconds <= 0:
         return
     x = jnp.ones((8192, 8192), jnp.bfloat16)

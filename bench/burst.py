@@ -4,10 +4,11 @@
 
 bench.py's trials (>= 20 ms each, back to back, implementations interleaved) keep the H200 at its software power
 cap for most of a row, and bench/sustained.py holds it there for seconds. Harnesses that time a few milliseconds of
-calls at a time run mostly before the cap engages (100-300 ms into a load, bench/NOTES.md v10), and read every
+calls at a time run mostly before the cap engages (100-300 ms into a load on the H200), and read every
 implementation higher. (Not at the top clock, though: the SMs slow within a fraction of a millisecond under these
-kernels, while nvidia-smi still shows 1980 MHz. The D 128 forward runs at ~1.6 GHz in such bursts; v23.)
-DESIGN.md §6's cuDNN ~630 TFLOP/s at d128-s4096-full fits that regime (here 617; bench.py 568).
+kernels, while nvidia-smi still shows 1980 MHz. The D 128 forward runs at ~1.6 GHz in such bursts:
+docs/performance.md.)
+docs/design.md §6's cuDNN ~630 TFLOP/s at d128-s4096-full fits that regime (here 617; bench.py 568).
 This script times that regime, to tell which one a quoted number belongs to: each burst is --burst-ms of
 back-to-back calls after --idle seconds without work; the median burst is reported, implementations interleaved.
 Rows, implementations and grid flags (--tokens, --hidden, --hdims, --seqlens) are bench.py's.

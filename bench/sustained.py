@@ -5,10 +5,10 @@
 bench.py times short interleaved trials, during which the H200 starts near its top clock and its software power
 cap engages only part of the time. Here each (row, implementation) runs back to back for --seconds while
 nvidia-smi samples the SM clock, the board power and the clock-limit reasons every 50 ms, so the number is the
-steady state of a long job: what the kernel does per joule, not per cycle (bench/NOTES.md v11). The MHz column is
-the clock nvidia-smi reports; the SMs run slower under these kernels (v23: ~1.40 GHz effective for the D 128 forward
-where it reports 1530; tools/clock_probe.py). Implementations take turns --rounds times. Rows and implementations
-are bench.py's.
+steady state of a long job: what the kernel does per joule, not per cycle (docs/performance.md). The MHz column is
+the clock nvidia-smi reports; the SMs run slower under these kernels (measured on the H200: ~1.40 GHz effective for
+the D 128 forward where it reports 1530, lab/tools/clock_probe.py). Implementations take turns --rounds times. Rows
+and implementations are bench.py's.
 """
 import argparse
 import json

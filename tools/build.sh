@@ -2,7 +2,7 @@
 # Builds libflashjax.so with CMake into build/<kernel set>/ and copies it next to python/flashjax/__init__.py,
 # where _ffi.py finds it when flashjax runs from the checkout. Incremental: only changed files recompile.
 #   FLASHJAX_KERNEL_SET=full|ci|bench|none   (default full; bench: sm90 forward + sm80 backward, bf16, D 64/128/256, for
-#                                            kernel experiments with tools/compare_builds.sh)
+#                                            kernel experiments with lab/tools/compare_builds.sh)
 #   FLASHJAX_CUDA_ARCHS="80-real;90a-real"   (default; "90a-real" alone builds only for Hopper)
 #   FLASHJAX_BUILD_JOBS=N   parallel compile jobs (default: all cores)
 set -euo pipefail
@@ -18,10 +18,10 @@ ninja -C "$BUILD" -j "${FLASHJAX_BUILD_JOBS:-$(nproc)}"
 cp "$BUILD/libflashjax.so" python/flashjax/libflashjax.so
 echo "$BUILD" > build/last
 echo "flashjax: built $BUILD/libflashjax.so (kernels: $SET, archs: $ARCHS)"
-# Whether the D 128 forward kept its recorded hot loop (bench/hot_loop_fingerprint.txt): its register allocation is
-# worth 1.3-3% of that kernel's cycles and moves with any kernel edit (bench/NOTES.md v22). Only for the sets that
-# have that kernel; a note, never a failure (without cuobjdump, which tools/sass.sh installs, the tool says so).
+# Whether the D 128 forward kept its recorded hot loop (lab/hot_loop_fingerprint.txt): its register allocation is
+# worth 1.3-3% of that kernel's cycles and moves with any kernel edit (docs/performance.md). Only for the sets that
+# have that kernel; a note, never a failure (without cuobjdump, which lab/tools/sass.sh installs, the tool says so).
 if [[ $ARCHS == *90a* && $SET != ci && $SET != none ]]; then
-  .venv/bin/python tools/hot_loop_diff.py "$BUILD/libflashjax.so" --fingerprint --expect bench/hot_loop_fingerprint.txt \
-    2>&1 | sed 's/^/flashjax: /' || true
+  .venv/bin/python lab/tools/hot_loop_diff.py "$BUILD/libflashjax.so" --fingerprint \
+    --expect lab/hot_loop_fingerprint.txt 2>&1 | sed 's/^/flashjax: /' || true
 fi

@@ -45,7 +45,7 @@ if stage build; then
 fi
 if stage info; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
-  $PY -m flashjax 2>&1 | tee "$OUT/info.log" | head -40 && record info ok || record info FAILED
+  $PY -m flashjax 2>&1 > "$OUT/info.log" 2>&1 && head -60 "$OUT/info.log" && record info ok || record info FAILED
 fi
 # Modes: "default" lets dispatch pick (on Hopper: sm90 forward + sm80 backward); "sm80" disables the sm90 family
 # so the portable family runs everywhere.
@@ -129,7 +129,7 @@ fi
 if stage ncu; then
   # Nsight Compute on one launch of flashjax's forward kernel per spec "mode:row" (mode as for the tests; row a
   # bench.py row name), e.g. NCU_SPECS="default:d128-s4096-full sm80:d64-s512-causal". Full section set; the
-  # details page, tools/ncu_summary.py's stall summary and tools/ncu_regions.py's time by kernel stage land in
+  # details page, lab/tools/ncu_summary.py's stall summary and lab/tools/ncu_regions.py's time by kernel stage land in
   # $OUT/ncu_*.txt, the report and the per-SASS-line source page in $OUT/ncu_*.tgz. The clocks are left as found
   # (--clock-control none, METHOD.md);
   # NCU_CLOCK_CONTROL=base locks them at base as ncu does by default (cycle counts of earlier notes were taken so).
@@ -144,9 +144,10 @@ if stage ncu; then
     rc=$?
     "$NCU" -i "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.source.csv" 2>&1
     { "$NCU" -i "$OUT/$tag.ncu-rep" --page details
-      PATH="$(dirname "$NCU"):$PATH" $PY tools/ncu_summary.py "$OUT/$tag.ncu-rep" --source-csv "$OUT/$tag.source.csv"
-      echo "== time by stage (tools/ncu_regions.py)"
-      $PY tools/ncu_regions.py "$OUT/$tag.source.csv"  # the sm90 forward's stages; says so where it finds none
+      PATH="$(dirname "$NCU"):$PATH" $PY lab/tools/ncu_summary.py "$OUT/$tag.ncu-rep" \
+        --source-csv "$OUT/$tag.source.csv"
+      echo "== time by stage (lab/tools/ncu_regions.py)"
+      $PY lab/tools/ncu_regions.py "$OUT/$tag.source.csv"  # the sm90 forward's stages; says so where it finds none
     } > "$OUT/$tag.txt" 2>&1
     # The device tool returns at most 8 files: one archive per spec.
     tar -C "$OUT" -czf "$OUT/$tag.tgz" "$tag.ncu-rep" "$tag.source.csv" "$tag.log" && rm -f "$OUT/$tag.ncu-rep" "$OUT/$tag.source.csv" "$OUT/$tag.log"

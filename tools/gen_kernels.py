@@ -40,7 +40,7 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 CI_SET = {("sm80", "fwd", "bf16", 64), ("sm80", "bwd", "bf16", 64), ("sm90", "fwd", "bf16", 64)}
 # The set a Hopper forward experiment needs (bench.py's grid rows: bf16, D 64/128/256, and 192 for
 # `--hdims 192 --hidden 1920`), so that kernel variants rebuild in minutes and are compared with
-# tools/compare_builds.sh. The backward kernels are there because
+# lab/tools/compare_builds.sh. The backward kernels are there because
 # flash_attn takes the kernel path only where both directions have one (api.plan); they compile once per build
 # directory. Not for tests: no fp16, no other head dims, no sm80 forward.
 BENCH_SET = {(f, d, "bf16", h) for f, d in (("sm90", "fwd"), ("sm80", "bwd")) for h in (64, 128, 192, 256)}

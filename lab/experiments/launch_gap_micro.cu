@@ -1,9 +1,9 @@
-// What a kernel launch's own shape costs in the stream's idle time between two kernels (bench/NOTES.md v28):
+// What a kernel launch's own shape costs in the stream's idle time between two kernels (lab/log/v28.md):
 // a persistent-shaped kernel (one CTA per SM, 384 threads) that only waits a fixed time, launched back to back with
 // parameter blocks of 64 B to 4 KB, with and without 224 KB of dynamic shared memory, with and without an event
 // recorded between launches (as an XLA execution boundary does) and with programmatic dependent launch.
 // The gap is the next launch's first CTA entry after this launch's last CTA exit (globaltimer), median of 40.
-//   nvcc -O2 -std=c++17 -arch=sm_90a -o launch_gap_micro bench/experiments/launch_gap_micro.cu && ./launch_gap_micro
+//   nvcc -O2 -std=c++17 -arch=sm_90a -o launch_gap_micro lab/experiments/launch_gap_micro.cu && ./launch_gap_micro
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-"""NOTES v25: how evenly tiles handed out at run time would spread the causal S 4k grid row (B 4, H 16, 32 m-blocks of
-128 rows, 132 CTAs) over the CTAs, in the planner's cost model (5 per KV block + 8 per tile).
+"""lab/log/v25.md: how evenly tiles handed out at run time would spread the causal S 4k grid row (B 4, H 16, 32
+m-blocks of 128 rows, 132 CTAs) over the CTAs, in the planner's cost model (5 per KV block + 8 per tile).
 
 The order is the kernel's: the bulk in (heavy, light) pairs per head-batch, then the planned tail as one list,
 heaviest first. Each CTA takes the next tile when it has `lookahead` of its current tile left (the kernel's producer
@@ -7,7 +7,7 @@ takes it with ~3 KV blocks left, and holds it through its Q load). `jitter` scal
 +-jitter, for SMs that run at different speeds. Prints the busiest and idlest CTA against the mean, which is what
 the static plan is judged by (tests/cpp/test_tile_scheduler.cu: <= 1.005 in this model).
 
-    python3 bench/experiments/v25_dynamic_sim.py
+    python3 lab/experiments/v25_dynamic_sim.py
 """
 import heapq
 import random

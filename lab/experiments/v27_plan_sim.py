@@ -1,9 +1,9 @@
-"""The sm90 forward's host plan for causal aligned calls, replayed against measured per-CTA timelines (NOTES v27).
+"""The sm90 forward's host plan for causal aligned calls, replayed against measured per-CTA timelines (lab/log/v27.md).
 
 A Python replica of FwdTileSchedulerSm90's plan (the bulk dealt in (heavy, light) pairs, the tail packed longest
-first), checked against the tile lists a probe build recorded (tools/cta_timeline.py's .npy), then used to predict each
-CTA's exit from its start, its tiles' cycles (fitted from the records) and its SM's clock, for other plans:
-  python bench/experiments/v27_plan_sim.py RECORDS.npy [--num-m 32 --head-batches 64]
+first), checked against the tile lists a probe build recorded (lab/tools/cta_timeline.py's .npy), then used to predict
+each CTA's exit from its start, its tiles' cycles (fitted from the records) and its SM's clock, for other plans:
+  python lab/experiments/v27_plan_sim.py RECORDS.npy [--num-m 32 --head-batches 64]
 """
 import argparse
 import heapq

@@ -1,4 +1,4 @@
-"""tools/cta_timeline.py's summary of probe records (csrc/kernels/sm90/fwd_probe.cuh's layout) on synthetic
+"""lab/tools/cta_timeline.py's summary of probe records (csrc/kernels/sm90/fwd_probe.cuh's layout) on synthetic
 launches: the span, the first block, the gap from the previous launch and the CTAs' clocks it reports."""
 import importlib.util
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "cta_timeline.py"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "cta_timeline.py"
 
 
 def load_tool(monkeypatch):

@@ -1,4 +1,4 @@
-"""tools/hot_loop_diff.py on synthetic SASS dumps: it finds the hot loop of the named kernel (the smallest loop with
+"""lab/tools/hot_loop_diff.py on synthetic SASS dumps: it finds the hot loop of the named kernel (the smallest loop with
 wgmmas and a vote and no -INF select), ignores branch targets, and calls a loop that differs only in its registers
 different."""
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "hot_loop_diff.py"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "hot_loop_diff.py"
 KERNEL = "_ZN8flashjax4sm9015fwd_kernel_sm90INS0_13FwdKernelSm90IN7cutlass10bfloat16_tELi128ELi128ELi128ELb0ELb0ELb0EEEEEvNT_6ParamsE"
 
 
@@ -63,7 +63,7 @@ def test_a_smaller_masked_loop_is_not_the_hot_loop(tmp_path):
 
 
 def test_a_few_minus_inf_selects_do_not_make_a_mask(tmp_path):
-    """An unmasked loop's fallback softmax may select -INF a few times (bench/experiments/v29-shared-reference.patch's
+    """An unmasked loop's fallback softmax may select -INF a few times (lab/experiments/v29-shared-reference.patch's
     reset of its shared reference does once)."""
     body = LOOP[:-1] + ["FSEL R5, R6, -INF , P1", "VOTE.ALL P0, P0"]
     rc, out = run(tmp_path, dump(body), dump(body, start=0x900))

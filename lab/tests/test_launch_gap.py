@@ -1,4 +1,4 @@
-"""tools/launch_gap.py's reading of a profiler trace: device stream lines only, the busiest line, and the idle time
+"""lab/tools/launch_gap.py's reading of a profiler trace: device stream lines only, the busiest line, and the idle time
 before each matching event (a synthetic trace in the trace viewer's JSON form)."""
 import gzip
 import importlib.util
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "launch_gap.py"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "launch_gap.py"
 
 
 def load_tool(monkeypatch):

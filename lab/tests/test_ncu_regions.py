@@ -1,4 +1,4 @@
-"""tools/ncu_regions.py on a synthetic ncu source page laid out like the sm90 forward kernel: each region's samples
+"""lab/tools/ncu_regions.py on a synthetic ncu source page laid out like the sm90 forward kernel: each region's samples
 are summed where the SASS landmarks put them, and a retry loop after the last EXIT counts in the region it returns to."""
 import csv
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "ncu_regions.py"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "ncu_regions.py"
 sys.path.insert(0, str(TOOL.parent))  # the tool imports its SASS helpers (sass_waits) from there
 spec = importlib.util.spec_from_file_location("ncu_regions", TOOL)
 ncu_regions = importlib.util.module_from_spec(spec)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# A/B of kernel variants in one device call (bench/NOTES.md v11-v12): an optional correctness check of each
+# A/B of kernel variants in one device call (lab/log/v11.md, v12.md): an optional correctness check of each
 # variant, then main and the variants in bench.py's trials, at the board's power limit (bench/sustained.py), and
 # in cycles and L2 bytes under ncu with the clocks locked at base (per-cycle cost, free of the power limit).
-#   VARIANTS="v12b v12c" tools/ab_device.sh
+#   VARIANTS="v12b v12c" lab/tools/ab_device.sh
 # Builds: $MAIN (default .devcarry/full/libflashjax.so.xz) and .devcarry/variants/NAME.so.xz for each variant (carry
 # them); MAIN_PY=DIR runs main with DIR's flashjax package (a variant that changes the Python side as well).
 # Knobs, each stage skipped when its rows are empty:
-#   CHECK         python script run per variant with FLASHJAX_LIBRARY set (e.g. "tools/x_check.py 20"); it should
-#                 print one "ok ..." / "FAIL ..." line per case. CHECK_S: its time limit (default 150 s).
+#   CHECK         python script run per variant with FLASHJAX_LIBRARY set (e.g. "lab/tools/bench_set_check.py 20");
+#                 it should print one "ok ..." / "FAIL ..." line per case. CHECK_S: its time limit (default 150 s).
 #   BENCH_ROWS    bench.py --rows regex (default the D 128 S 4k / 8k causal and S 4k full rows); BENCH_S per run.
 #   SUSTAINED_ROWS  sustained.py rows (default d128-s4096-causal); SUSTAINED_S per run.
 #   NCU_ROWS      bench.py row names for ncu (default none; ~25 s per build and row); NCU_S per run; NCU_CLOCK
@@ -15,7 +15,7 @@
 #   ROUNDS        alternating rounds of the bench and sustained stages (default 2).
 # Every step has a time limit: a hung variant must not take the call's whole budget.
 set -u
-cd "$(dirname "$0")/.." || exit 1
+cd "$(dirname "$0")/../.." || exit 1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 L=$(mktemp -d)
 xz -dc "${MAIN:-.devcarry/full/libflashjax.so.xz}" > "$L/main.so" || exit 1
@@ -39,14 +39,14 @@ BENCH_ROWS=${BENCH_ROWS-'^d128-s(4096|8192)-causal$|^d128-s4096-full$'}
 if [[ -n $BENCH_ROWS ]]; then
   echo "== bench"
   OUT=$(mktemp -d) ROUNDS=${ROUNDS:-2} ROWS=$BENCH_ROWS PYTHON="timeout ${BENCH_S:-120} python3" \
-    tools/compare_builds.sh "${builds[@]}" 2>&1 | sed -n '/bench failed/p; /^flashjax TFLOP/,$p'
+    lab/tools/compare_builds.sh "${builds[@]}" 2>&1 | sed -n '/bench failed/p; /^flashjax TFLOP/,$p'
 fi
 
 SUSTAINED_ROWS=${SUSTAINED_ROWS-'^d128-s4096-causal$'}
 if [[ -n $SUSTAINED_ROWS ]]; then
   echo "== sustained"
   OUT=$(mktemp -d) SUSTAINED=1 ROUNDS=${ROUNDS:-2} ROWS=$SUSTAINED_ROWS PYTHON="timeout ${SUSTAINED_S:-60} python3" \
-    tools/compare_builds.sh "${builds[@]}" 2>&1 | sed -n '/bench failed/p; /^flashjax TFLOP/,$p'
+    lab/tools/compare_builds.sh "${builds[@]}" 2>&1 | sed -n '/bench failed/p; /^flashjax TFLOP/,$p'
 fi
 
 if [[ -n ${NCU_ROWS:-} ]]; then

@@ -1,10 +1,10 @@
 """Correctness of a `bench` kernel-set build (FLASHJAX_KERNEL_SET=bench: the sm90 bf16 forward and the sm80 bf16
 backward at D 64/128/256, no softcap) against the reference, for kernel variants that only that set was built for
-(tools/ab_device.sh's CHECK): the GPU tests' fixed cases in that scope (growing maxima and late spikes with their key
-scales), windows of every shape, causal with Sq != Sk and empty sequences, then random sweep configurations. One
+(lab/tools/ab_device.sh's CHECK): the GPU tests' fixed cases in that scope (growing maxima and late spikes with their
+key scales), windows of every shape, causal with Sq != Sk and empty sequences, then random sweep configurations. One
 "ok"/"FAIL" line per case, the summary last.
 
-    FLASHJAX_LIBRARY=.../variant.so python3 tools/bench_set_check.py [N_RANDOM] [--list]   (repository root, on a GPU)
+    FLASHJAX_LIBRARY=.../variant.so python3 lab/tools/bench_set_check.py [N_RANDOM] [--list]  (repository root, GPU)
 """
 import dataclasses
 import sys
@@ -33,12 +33,14 @@ def retyped(cfg):
 
 # Most telling first: a call's time limit may cut the list (each case compiles its own kernel and reference calls).
 cases = [  # (config, key scale along the keys or None[, query scale along the queries])
-    (C("bfloat16", 2, 1000, 3001, 8, 2, 128, 128, True, (-1, -1), True, 0.0), None),
-    (C("bfloat16", 2, 3001, 1000, 8, 2, 128, 128, True, (-1, -1), False, 0.0), None),
-    (C("bfloat16", 1, 2500, 2500, 4, 1, 64, 64, True, (-1, -1), False, 0.0), None),
-    (C("bfloat16", 1, 1800, 2100, 4, 2, 256, 256, True, (-1, -1), True, 0.0), None),
-    (C("bfloat16", 1, 0, 100, 2, 2, 128, 128, True, (-1, -1), False, 0.0), None),
-    (C("bfloat16", 1, 100, 0, 2, 2, 128, 128, False, (-1, -1), False, 0.0), None),
+    (C(dtype="bfloat16", batch=2, seqlen_q=1000, seqlen_k=3001, heads_q=8, heads_k=2, head_dim=128,
+       causal=True, sinks=True), None),
+    (C(dtype="bfloat16", batch=2, seqlen_q=3001, seqlen_k=1000, heads_q=8, heads_k=2, head_dim=128, causal=True), None),
+    (C(dtype="bfloat16", batch=1, seqlen_q=2500, seqlen_k=2500, heads_q=4, heads_k=1, head_dim=64, causal=True), None),
+    (C(dtype="bfloat16", batch=1, seqlen_q=1800, seqlen_k=2100, heads_q=4, heads_k=2, head_dim=256,
+       causal=True, sinks=True), None),
+    (C(dtype="bfloat16", batch=1, seqlen_q=0, seqlen_k=100, heads_q=2, heads_k=2, head_dim=128, causal=True), None),
+    (C(dtype="bfloat16", batch=1, seqlen_q=100, seqlen_k=0, heads_q=2, heads_k=2, head_dim=128), None),
 ]
 # The GPU tests' tile-choice shapes in scope come first: a variant that changes tile sizes is checked there at once.
 # Then queries whose rows of one thread have maxima far apart (test_kernels.FAR_APART_ROWS_CASES), then the above.
@@ -49,7 +51,8 @@ cases = tile_choices + far_apart + cases
 windows = [(100, 0), (0, 300), (257, 129), (1000, -1), (-1, 77), (0, 0), (3000, 3000)]
 for i, window in enumerate(windows):
     d = BUILT_HEAD_DIMS[i % len(BUILT_HEAD_DIMS)]
-    cases.append((C("bfloat16", 2, 700 + 37 * i, 1300 - 91 * i, 4, 2, d, d, False, window, i % 2 == 0, 0.0), None))
+    cases.append((C(dtype="bfloat16", batch=2, seqlen_q=700 + 37 * i, seqlen_k=1300 - 91 * i, heads_q=4, heads_k=2,
+                    head_dim=d, window_size=window, sinks=i % 2 == 0), None))
 for cfg in tk.GROWING_MAX_CASES:
     if in_scope(retyped(cfg)):
         cases.append((retyped(cfg), lambda n: jnp.linspace(0.5, 12.0, n)))

@@ -1,9 +1,9 @@
-"""What one jitted call runs besides the attention kernel (device diagnostic; bench/NOTES.md v15).
+"""What one jitted call runs besides the attention kernel (device diagnostic; lab/log/v15.md).
 
 Prints the fusions, custom calls and constants of the optimized HLO of bench.py's forward call, for flashjax and for
 cuDNN. Before v15 a flashjax call also ran a fill kernel for its unused sinks operand (a loop_broadcast_fusion ahead
 of the custom call); this shows whether anything like that has come back.
-Usage (on the GPU): python tools/call_overhead_probe.py [row regex]
+Usage (on the GPU): python lab/tools/call_overhead_probe.py [row regex]
 """
 import re
 import sys

@@ -1,9 +1,9 @@
 """Cycles per kernel in back-to-back calls: the SM clock nvidia-smi reports, times the time per kernel (diagnostic).
 
-    python tools/clock_probe.py [--row d128-s4096-causal] [--impls flashjax,cudnn] [--seconds 2] [--bursts 10]
+    python lab/tools/clock_probe.py [--row d128-s4096-causal] [--impls flashjax,cudnn] [--seconds 2] [--bursts 10]
 
 ncu times one launch in isolation: at any clock from 1.33 to 1.64 GHz the D 128 forward takes the same cycles
-(bench/NOTES.md v23). This asks whether back-to-back calls, as bench.py and a training step make them, take those
+(lab/log/v23.md). This asks whether back-to-back calls, as bench.py and a training step make them, take those
 cycles too, at the clock the board reports. For each implementation and bench.py row it runs:
   - sustained: calls back to back for --seconds (as bench/sustained.py);
   - bursts: --bursts runs of ~20 ms (one bench.py trial) after 0.5 s idle, the clock sampled within them only;
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench  # noqa: E402  (bench/ is not a package)
 
 

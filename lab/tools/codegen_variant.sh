@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # A codegen variant of one kernel file: recompiles one generated kernel source of an existing build with extra nvcc
 # flags (or with a macro that a source perturbation tests for) and links a copy of the library with that object,
-# leaving the build itself untouched. For A/B of what the compiler does with the same source (bench/NOTES.md v22:
+# leaving the build itself untouched. For A/B of what the compiler does with the same source (lab/log/v22.md:
 # a never-taken branch at kernel entry moved the D 128 kernel's cycles by +2-3% through the hot loop's registers).
-#   tools/codegen_variant.sh NAME "EXTRA NVCC FLAGS" [STEM]
+#   lab/tools/codegen_variant.sh NAME "EXTRA NVCC FLAGS" [STEM]
 #     STEM: the generated file, default sm90_fwd_bf16_hdim128; BUILD: the build directory, default the last one
-#     tools/build.sh made (build/last). Writes .devcarry/variants/NAME.so.xz (tools/ab_device.sh's VARIANTS).
-#   e.g. tools/codegen_variant.sh lvl10 "--ptxas-options=-regUsageLevel=10"
+#     tools/build.sh made (build/last). Writes .devcarry/variants/NAME.so.xz (lab/tools/ab_device.sh's VARIANTS).
+#   e.g. lab/tools/codegen_variant.sh lvl10 "--ptxas-options=-regUsageLevel=10"
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 name=$1 flags=$2 stem=${3:-sm90_fwd_bf16_hdim128}
 build=${BUILD:-$(cat build/last)}
-source tools/build_commands.sh
+source lab/tools/build_commands.sh
 work=$(mktemp -d)
 compile=$(stem_compile_command "$build" "$stem")
 link=$(ninja -C "$build" -t commands flashjax | grep -F -- "-o libflashjax.so " | tail -1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks several builds of libflashjax.so against cuDNN on the same GPU in one call, so that kernel variants
-# are compared on one machine (machine-to-machine spread of the flashjax/cuDNN ratio is ~2-3%, see bench/NOTES.md).
-#   tools/compare_builds.sh NAME=LIB[.xz][@PYDIR] ...
+# are compared on one machine (machine-to-machine spread of the flashjax/cuDNN ratio is ~2-3%: lab/log/v22.md).
+#   lab/tools/compare_builds.sh NAME=LIB[.xz][@PYDIR] ...
 #   e.g. main=.devcarry/variants/main.so.xz split=.devcarry/variants/split.so.xz
 # @PYDIR runs that build with PYDIR (a directory holding a flashjax package) ahead of the checkout's python/, for
 # builds whose Python side differs too (e.g. main's tree from `git archive`).
@@ -10,9 +10,9 @@
 # --rows regex, default the D 64 / D 128 grid rows), BENCH_ARGS (extra bench.py flags). JSON per build and round
 # land in $OUT (or bench/out); a table of flashjax/cuDNN ratios per row and build is printed last.
 # SUSTAINED=1 runs bench/sustained.py instead (flashjax alone, SUSTAINED_SECONDS back to back per row, default 3):
-# throughput at the board's power limit, with the SM clock; its rounds agree to ~0.5% (bench/NOTES.md v11).
+# throughput at the board's power limit, with the SM clock; its rounds agree to ~0.5% (lab/log/v11.md).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false

@@ -1,12 +1,12 @@
-"""Per-CTA timelines of the sm90 forward kernel (diagnostic; bench/NOTES.md v27).
+"""Per-CTA timelines of the sm90 forward kernel (diagnostic; lab/log/v27.md).
 
 Runs bench.py's d128-s4096-causal row with a library built with -DFLASHJAX_PROBE (csrc/kernels/sm90/fwd_probe.cuh,
-via tools/codegen_variant.sh) in two regimes, and saves the raw records as .npy under OUT:
+via lab/tools/codegen_variant.sh) in two regimes, and saves the raw records as .npy under OUT:
   bench:    reps calls back to back, rotating through three input sets (bench.py's trials);
   isolated: each call alone, the GPU idle before it.
 Each record is one (launch, CTA): smid, globaltimer at entry / after griddepcontrol.wait / first block done / exit,
 clock64 at entry and exit, and per tile its end time and (m_block, blocks, head).
-  FLASHJAX_LIBRARY=probe.so python tools/cta_timeline.py OUT [--rows ROW] [--chain]
+  FLASHJAX_LIBRARY=probe.so python lab/tools/cta_timeline.py OUT [--rows ROW] [--chain]
 """
 import argparse
 import ctypes
@@ -82,7 +82,7 @@ def main():
     p.add_argument("--chain", action="store_true", help="two calls per jitted function (one XLA executable)")
     args = p.parse_args()
     # JAX and bench.py only here: the record layout and summary() serve offline readers too (v27_plan_sim.py).
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     import jax
     import bench
     from flashjax import _ffi

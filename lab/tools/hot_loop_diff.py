@@ -1,18 +1,18 @@
 """Whether two builds of the sm90 forward kernel run the same hot loop: the unmasked steady step's SASS, compared
-exactly and with registers masked out (bench/NOTES.md v22: with the same instruction order, another register
+exactly and with registers masked out (lab/log/v22.md: with the same instruction order, another register
 allocation of that loop costs the D 128 kernel 1.3-3% of its cycles, as much as the levers A/Bs try to measure).
 
-    python3 tools/hot_loop_diff.py A B [--kernel REGEX]
-    python3 tools/hot_loop_diff.py A --fingerprint [--expect FILE]
+    python3 lab/tools/hot_loop_diff.py A B [--kernel REGEX]
+    python3 lab/tools/hot_loop_diff.py A --fingerprint [--expect FILE]
 
 A and B are libraries (libflashjax.so, or .so.xz as in .devcarry) or SASS dumps (cuobjdump -sass output, e.g. from
-tools/sass.sh). --fingerprint prints a short hash of A's hot loop (its instructions and registers, branch targets
+lab/tools/sass.sh). --fingerprint prints a short hash of A's hot loop (its instructions and registers, branch targets
 aside): two builds with the same fingerprint run the same hot loop. With --expect, it also says whether the hash is
-the one FILE records (bench/hot_loop_fingerprint.txt: main's, whose allocation is the best measured, v22-v25).
+the one FILE records (lab/hot_loop_fingerprint.txt: main's, whose allocation is the best measured, v22-v25).
 The kernel is the first whose mangled name matches REGEX (default: bf16 D 128, 128 x 128 tiles, uncapped, unpacked,
 unsplit). The hot loop is the smallest loop (a backward branch) whose body issues HGMMAs and
 a VOTE (the fast path's bound check, or the lazy rescale's) and applies no mask (a masked loop selects -INF once per
-score; an unmasked one may a few times in its fallback softmax, as bench/experiments/v29-shared-reference.patch's
+score; an unmasked one may a few times in its fallback softmax, as lab/experiments/v29-shared-reference.patch's
 does once). Prints both loops'
 lengths and how many instructions are identical in order (branch targets aside), identical but for registers, and
 of the same opcode; "same hot loop" only when every instruction is identical.
@@ -20,7 +20,7 @@ of the same opcode; "same hot loop" only when every instruction is identical.
 Both modes also count the loop's same-parity reads: instructions (wgmmas aside) that read two general registers of
 equal parity, neither from the operand reuse cache. v25 found the allocations with many of them slow (the row
 references of the exponent FFMAs in registers of one parity: 43-45 in the loop, +2.8-3.4% cycles at full S 4k); main
-has 8, and so do allocations 1.3-1.8% slower than main (bench/NOTES.md v29), so the count rejects that one class
+has 8, and so do allocations 1.3-1.8% slower than main (lab/log/v29.md), so the count rejects that one class
 without a device run and says nothing about the rest.
 """
 import argparse
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-from sass_waits import kernels, loops, opcode  # tools/ is this script's directory
+from sass_waits import kernels, loops, opcode  # lab/tools/ is this script's directory
 
 # The bf16 one: a full kernel-set build also has the fp16 kernel of the same shape, listed first by cuobjdump.
 DEFAULT_KERNEL = r"bfloat16_tELi128ELi128ELi128ELb0ELb0ELb0EE"
@@ -43,7 +43,7 @@ REGISTERS = re.compile(r"\bU?R\d+\b|\bU?P\d\b")
 
 def cuobjdump():
     try:
-        import nvidia  # the wheels tools/sass.sh installs into .venv
+        import nvidia  # the wheels lab/tools/sass.sh installs into .venv
         path = os.path.join(list(nvidia.__path__)[0], "cu13", "bin", "cuobjdump")
         if os.path.exists(path):
             return path
@@ -51,7 +51,7 @@ def cuobjdump():
         pass
     path = shutil.which("cuobjdump")
     if path is None:
-        sys.exit("hot_loop_diff: no cuobjdump (tools/sass.sh installs it into .venv)")
+        sys.exit("hot_loop_diff: no cuobjdump (lab/tools/sass.sh installs it into .venv)")
     return path
 
 
@@ -140,7 +140,7 @@ def main():
             expected = expected_fingerprint(args.expect)
             print("the recorded hot loop" if found == expected else
                   f"not the recorded hot loop ({expected}): an A/B against main also measures this allocation "
-                  "(bench/NOTES.md v22)")
+                  "(lab/log/v22.md)")
         return
     if args.b is None:
         parser.error("two builds to compare, or --fingerprint")

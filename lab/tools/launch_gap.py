@@ -1,4 +1,4 @@
-"""How long the GPU stream sits idle between two calls (diagnostic; bench/NOTES.md v28).
+"""How long the GPU stream sits idle between two calls (diagnostic; lab/log/v28.md).
 
 bench.py times back-to-back calls of one jitted function; between two of them the stream runs nothing for a few
 microseconds (v27: ~4.6 us between the last CTA's exit and the next kernel's first CTA). This script traces such
@@ -9,7 +9,7 @@ the kernel's own launch (parameter block, shared-memory size, grid) can be told 
   flashjax: bench.py's row through flashjax (the same row chained twice in one jitted function too: no boundary
             between the pair);
   cudnn:    the same row through cuDNN.
-  python tools/launch_gap.py OUT [--rows ROW] [--reps N]
+  python lab/tools/launch_gap.py OUT [--rows ROW] [--reps N]
 Run it once with FLASHJAX_SM90_PDL=0 too (read once per process) to see what programmatic dependent launch changes.
 """
 import argparse
@@ -59,7 +59,7 @@ def gaps(lines, pattern):
 
 def trace_calls(fn, sets, reps, trace_dir, perfetto=False):
     """A jax.profiler trace under trace_dir of reps back-to-back calls of fn, rotating through sets, after two warm
-    passes and a short idle (tools/stream_trace.py's traces too)."""
+    passes and a short idle (lab/tools/stream_trace.py's traces too)."""
     import jax
     for _ in range(2):
         for s in sets:
@@ -80,7 +80,7 @@ def main():
     p.add_argument("--reps", type=int, default=24)
     args = p.parse_args()
     # JAX and bench.py only here: the trace parsing above is importable without them (tests/cpu).
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     import jax
     import jax.numpy as jnp
 

@@ -3,7 +3,7 @@
 over the kernel's regions (the steady loops, the path between tiles, the producer), with each region's executed
 instructions and its main stall reasons.
 
-    python3 tools/ncu_regions.py SOURCE_CSV [SOURCE_CSV ...]
+    python3 lab/tools/ncu_regions.py SOURCE_CSV [SOURCE_CSV ...]
 
 SOURCE_CSV is the per-SASS-line source page that `tools/device_check.sh ncu` leaves in its ncu_*.tgz
 (`ncu -i REPORT --page source --csv --print-source sass`). Samples are taken at a fixed rate per warp, so a
@@ -11,7 +11,7 @@ region's share of a warp class's samples is its share of that class's time: the 
 warps' whole time, the producer row to the producer warps'.
 
 The regions are found from the SASS itself, in address order (ptxas lays the consumer path out as the kernel source
-reads; checked on the D 128 kernels, bench/NOTES.md v24):
+reads; checked on the D 128 kernels, lab/log/v24.md):
   the two steady loops: the innermost loops (backward branches) whose body holds at least 12 HGMMAs, the masked
   loop first;
   between tiles, after the unmasked loop: the next tile's decode, up to the tail turn's ping-pong BAR.SYNC (256
@@ -26,7 +26,7 @@ import csv
 import re
 import sys
 
-from sass_waits import branch_target, loops  # tools/ is this script's directory
+from sass_waits import branch_target, loops  # lab/tools/ is this script's directory
 
 # HGMMAs per steady step: Q K^T takes D / 16 and P V kBlockN / 16, so 4 + 8 at D 64 on 128 x 128 tiles (the fewest of
 # any kernel here) and 8 + 8 at D 128.

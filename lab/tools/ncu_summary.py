@@ -1,6 +1,6 @@
 """Summarizes one Nsight Compute report for kernel work (tools/device_check.sh's ncu stage runs it on the device).
 
-    python tools/ncu_summary.py REPORT.ncu-rep [--top 40]
+    python lab/tools/ncu_summary.py REPORT.ncu-rep [--top 40]
 
 Prints the kernel's pipe utilizations and warp stall reasons (sampled, summed over the kernel) and the SASS lines
 with the most stall samples, each with its leading reasons: where the warps wait, not just how long.

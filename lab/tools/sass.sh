@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # SASS of one sm90 forward instantiation without a GPU, and where each steady step waits for its GEMMs.
-#   tools/sass.sh [bf16|fp16] [head_dim]          (default bf16 128) -> build/sass/sm90_fwd_<dtype>_hdim<D>.sass
+#   lab/tools/sass.sh [bf16|fp16] [head_dim]          (default bf16 128) -> build/sass/sm90_fwd_<dtype>_hdim<D>.sass
 # The CUDA toolkit on the build machine has no cuobjdump; PyPI's nvidia-cuda-cuobjdump wheel does (installed into
-# .venv on first use). After the SASS, tools/sass_waits.py prints, for every kernel, the instruction stream from
+# .venv on first use). After the SASS, lab/tools/sass_waits.py prints, for every kernel, the instruction stream from
 # each S wait (WARPGROUP.DEPBAR.LE gsb0, 0x1) to the next ping-pong turn, compressed to op runs, with the PV wait
 # (gsb0, 0x0) and the branches marked: whether the softmax (MUFU) runs before or after the PV wait is visible there.
 # It is a static view in address order: predicated branches (the softcap path, the masked path) put other copies
 # of the softmax in between; ncu's source page (tools/device_check.sh ncu) gives execution counts per line.
 # The compile command is the library build's own, taken from ninja (BUILD: the build directory, default the last one
 # tools/build.sh made, build/last), so that the SASS is the shipped one: a hand-kept copy of the flags without
-# -DNDEBUG gave a D 128 hot loop 707 instructions long, scheduled differently from the library's 699 (bench/NOTES.md
-# v22). Without a build, the flags below are CMake Release's as of v22, and the script says it used them.
+# -DNDEBUG gave a D 128 hot loop 707 instructions long, scheduled differently from the library's 699 (lab/log/v22.md).
+# Without a build, the flags below are CMake Release's as of v22, and the script says it used them.
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 dtype=${1:-bf16}; hdim=${2:-128}
 case "$dtype" in bf16|fp16) ;; *) echo "dtype must be bf16 or fp16" >&2; exit 2 ;; esac
 "$repo/tools/env.sh"
@@ -32,7 +32,7 @@ name="sm90_fwd_${dtype}_hdim${hdim}"
 build=${BUILD:-$(cat "$repo/build/last" 2>/dev/null || true)}
 compile=""
 if [ -n "$build" ] && [ -f "$build/build.ninja" ]; then
-  source "$repo/tools/build_commands.sh"
+  source "$repo/lab/tools/build_commands.sh"
   compile=$(stem_compile_command "$build" "$name")
   [[ $compile == *sm_90a* ]] || compile=""  # a build without the sm90a device pass has no such kernel to show
 fi
@@ -50,4 +50,4 @@ else
   "$cuobjdump" -sass -arch sm_90a "$out/$name.cubin" > "$out/$name.sass"
 fi
 echo "SASS: $out/$name.sass"
-"$python" "$repo/tools/sass_waits.py" "$out/$name.sass"
+"$python" "$repo/lab/tools/sass_waits.py" "$out/$name.sass"

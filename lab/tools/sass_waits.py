@@ -1,6 +1,6 @@
-"""Compressed view of each sm90 forward steady step in a cuobjdump SASS listing (see tools/sass.sh).
+"""Compressed view of each sm90 forward steady step in a cuobjdump SASS listing (see lab/tools/sass.sh).
 
-    python tools/sass_waits.py FILE.sass [--width N]
+    python lab/tools/sass_waits.py FILE.sass [--width N]
 
 For every kernel and every S wait (WARPGROUP.DEPBAR.LE gsb0, 0x1), prints the instructions that follow in address
 order up to the next BAR.SYNC (the next ping-pong turn) as runs of opcodes ("MUFUx3"), with WAIT0x0 for the PV

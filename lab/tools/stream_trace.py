@@ -1,16 +1,16 @@
-"""What the GPU stream runs between two calls (diagnostic; bench/NOTES.md v27): a jax.profiler trace of bench.py's
+"""What the GPU stream runs between two calls (diagnostic; lab/log/v27.md): a jax.profiler trace of bench.py's
 back-to-back calls of one row, per implementation, saved as a Perfetto trace under OUT/<impl>/.
-  python tools/stream_trace.py OUT [--rows ROW] [--impls cudnn,flashjax] [--reps N]
+  python lab/tools/stream_trace.py OUT [--rows ROW] [--impls cudnn,flashjax] [--reps N]
 """
 import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 import jax  # noqa: E402
 
 import bench  # noqa: E402
-from launch_gap import trace_calls  # noqa: E402  (tools/ is this script's directory)
+from launch_gap import trace_calls  # noqa: E402  (lab/tools/ is this script's directory)
 
 
 def main():

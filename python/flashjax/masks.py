@@ -1,4 +1,4 @@
-"""Flex-attention style mask mods (DESIGN.md §2.6).
+"""Flex-attention style mask mods (docs/design.md §2.6).
 
 A mask mod is a frozen dataclass deriving from :class:`MaskMod` and a callable
 ``mod(b, h, q_idx, kv_idx) -> bool`` written in ``jnp``. The indices are raw:

@@ -1,4 +1,4 @@
-"""The executable spec: pure-JAX attention with exactly the semantics of DESIGN.md §2.
+"""The executable spec: pure-JAX attention with exactly the semantics of docs/design.md §2.
 
 Every kernel is tested against these two functions, and ``backend="reference"``
 runs them. They favour clarity over speed: scores are materialized in f32, in

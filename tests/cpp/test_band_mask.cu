@@ -1,5 +1,5 @@
 // The band policies of csrc/kernels/common/band_mask.cuh (forward) and bwd_band_mask.cuh (backward) against the
-// DESIGN.md §2.3 predicate, brute force on the host: every visible key lies in a visited block, blocks marked
+// docs/design.md §2.3 predicate, brute force on the host: every visible key lies in a visited block, blocks marked
 // mask-free are fully visible to every row of the tile, the forward's visiting order is a permutation with the
 // masked blocks first, and the forward's per-element mask is exact.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-"""An independent float64 NumPy oracle for DESIGN.md §2, written from its text.
+"""An independent float64 NumPy oracle for docs/design.md §2, written from its text.
 
 It shares no code with ``flashjax.reference``: it works one softmax row at a
 time, and handles varlen by slicing each sequence out of the packed arrays.

@@ -20,11 +20,14 @@ import numpy as np  # noqa: E402
 import sweep  # noqa: E402
 
 CONFIGS = [
-    sweep.Config("bfloat16", 2, 77, 133, 4, 2, 64, 64, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 200, 65, 2, 1, 128, 128, False, (16, 3), False, 5.0),
-    sweep.Config("bfloat16", 1, 1, 300, 8, 1, 256, 256, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 1, 150, 0, 2, 2, 96, 96, True, (-1, -1), False, 0.0),
-    sweep.Config("float16", 2, 129, 129, 4, 4, 192, 192, True, (0, 0), True, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=77, seqlen_k=133, heads_q=4, heads_k=2, head_dim=64,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=200, seqlen_k=65, heads_q=2, heads_k=1, head_dim=128,
+                 window_size=(16, 3), softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=300, heads_q=8, heads_k=1, head_dim=256, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=150, seqlen_k=0, heads_q=2, heads_k=2, head_dim=96, causal=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=129, seqlen_k=129, heads_q=4, heads_k=4, head_dim=192,
+                 causal=True, window_size=(0, 0), sinks=True),
 ]
 
 

@@ -9,12 +9,14 @@ import numpy as np
 
 import flashjax
 
-# Relative-norm tolerances against the f32 reference (DESIGN.md §5); gradients get twice the forward's.
+# Relative-norm tolerances against the f32 reference (docs/design.md §5); gradients get twice the forward's.
 TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3}
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
+    """One kernel-vs-reference case, built by keyword: Config(dtype="bfloat16", batch=1, seqlen_q=..., seqlen_k=...,
+    heads_q=..., heads_k=..., head_dim=..., causal=True). head_dim_v defaults to head_dim."""
     dtype: str
     batch: int
     seqlen_q: int
@@ -22,11 +24,15 @@ class Config:
     heads_q: int
     heads_k: int
     head_dim: int
-    head_dim_v: int
-    causal: bool
-    window_size: tuple
-    sinks: bool
-    softcap: float
+    head_dim_v: int | None = None
+    causal: bool = False
+    window_size: tuple = (-1, -1)
+    sinks: bool = False
+    softcap: float = 0.0
+
+    def __post_init__(self):
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)
 
     def __str__(self):
         return (f"{self.dtype} B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_k} "

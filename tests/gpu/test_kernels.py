@@ -30,7 +30,7 @@ def test_sweep_seed_is_reported():
 
 
 def _assert_kernel_matches_reference(cfg, rng, where, key_scale=None, query_scale=None):
-    """Forward and backward of `cfg` on fresh inputs from `rng`, kernel against reference (DESIGN.md §5).
+    """Forward and backward of `cfg` on fresh inputs from `rng`, kernel against reference (docs/design.md §5).
     key_scale(Sk) -> (Sk,) multiplies the keys along the sequence; query_scale(Sq, Hq) -> (Sq, Hq) the queries."""
     inputs = sweep.make_inputs(cfg, rng)
     if key_scale is not None:
@@ -59,7 +59,7 @@ def test_sweep(index):
 
 
 # Shapes the random sweep rarely draws, each reaching one of the sm90 forward's launch-time tile choices on purpose
-# (csrc/kernels/sm90/fwd_launch.cuh's key_load picks the tile): D 64 causal long enough for 192-row tiles (the middle
+# (csrc/kernels/sm90/fwd_choices.cuh's key_load picks the tile): D 64 causal long enough for 192-row tiles (the middle
 # row sees >= 2048 keys) and short enough for 128-row ones, an unbanded D 64 call (192 rows), a sliding window with
 # >= 2048 keys per row; D 128 (128 x 128, three K stages) causal with tiles of 1 to 24 KV blocks and non-causal with
 # 24-block tiles, and unbanded with >= 8192 keys per row (a partial last block); D 256 causal with
@@ -67,19 +67,28 @@ def test_sweep(index):
 # D 192 causal with < 512 keys for the middle row (128 x 64, two Q buffers); D 256 and D 192 without a band and at
 # most 512 keys (128 x 64: 64-key steps divide such rows; a partial last block where Sk is not a multiple of 64).
 TILE_CHOICE_CASES = [
-    sweep.Config("bfloat16", 1, 4500, 4500, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
-    sweep.Config("float16", 2, 1000, 1000, 2, 1, 64, 64, True, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 2, 300, 700, 4, 4, 64, 64, False, (-1, -1), False, 5.0),
-    sweep.Config("bfloat16", 1, 5000, 5000, 2, 1, 64, 64, False, (2500, 0), False, 0.0),
-    sweep.Config("bfloat16", 1, 3001, 3001, 4, 1, 128, 128, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 1000, 3001, 2, 2, 128, 128, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 300, 8300, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 3, 700, 700, 4, 2, 256, 256, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 1500, 1500, 2, 2, 256, 256, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 900, 900, 6, 2, 192, 192, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 700, 500, 4, 2, 256, 256, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 3, 1000, 511, 2, 1, 256, 256, False, (-1, -1), False, 3.0),
-    sweep.Config("float16", 1, 300, 512, 4, 4, 192, 192, False, (-1, -1), False, 5.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=4500, seqlen_k=4500, heads_q=4, heads_k=2, head_dim=64,
+                 causal=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=2, heads_k=1, head_dim=64,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=300, seqlen_k=700, heads_q=4, heads_k=4, head_dim=64, softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=5000, seqlen_k=5000, heads_q=2, heads_k=1, head_dim=64,
+                 window_size=(2500, 0)),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=3001, seqlen_k=3001, heads_q=4, heads_k=1, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1000, seqlen_k=3001, heads_q=2, heads_k=2, head_dim=128),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=300, seqlen_k=8300, heads_q=4, heads_k=2, head_dim=128,
+                 sinks=True),
+    sweep.Config(dtype="bfloat16", batch=3, seqlen_q=700, seqlen_k=700, heads_q=4, heads_k=2, head_dim=256,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1500, seqlen_k=1500, heads_q=2, heads_k=2, head_dim=256,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=900, seqlen_k=900, heads_q=6, heads_k=2, head_dim=192,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=500, heads_q=4, heads_k=2, head_dim=256, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=3, seqlen_q=1000, seqlen_k=511, heads_q=2, heads_k=1, head_dim=256,
+                 softcap=3.0),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=300, seqlen_k=512, heads_q=4, heads_k=4, head_dim=192, softcap=5.0),
 ]
 
 
@@ -96,13 +105,20 @@ def test_tile_choices(cfg):
 # per SM, so their last tiles are planned on the host (fwd_tile_scheduler.cuh's tail: CTAs leave the pairs for a
 # per-CTA list); the last case has every tile planned (160 tiles, too few for a bulk).
 SCHEDULE_CASES = [
-    sweep.Config("bfloat16", 2, 2100, 2100, 16, 16, 64, 64, False, (-1, -1), False, 5.0),
-    sweep.Config("bfloat16", 4, 700, 700, 16, 4, 64, 64, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 4, 1000, 1300, 8, 8, 96, 96, True, (-1, -1), False, 0.0),
-    sweep.Config("float16", 2, 3000, 1100, 12, 4, 128, 128, True, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 1, 2300, 8300, 16, 2, 128, 128, False, (-1, -1), True, 0.0),
-    sweep.Config("float16", 2, 1500, 900, 12, 3, 256, 256, False, (300, 0), False, 0.0),
-    sweep.Config("bfloat16", 1, 4096, 4096, 5, 5, 128, 128, True, (-1, -1), False, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=2100, seqlen_k=2100, heads_q=16, heads_k=16, head_dim=64,
+                 softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=4, seqlen_q=700, seqlen_k=700, heads_q=16, heads_k=4, head_dim=64,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=4, seqlen_q=1000, seqlen_k=1300, heads_q=8, heads_k=8, head_dim=96,
+                 causal=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=3000, seqlen_k=1100, heads_q=12, heads_k=4, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=2300, seqlen_k=8300, heads_q=16, heads_k=2, head_dim=128,
+                 sinks=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=1500, seqlen_k=900, heads_q=12, heads_k=3, head_dim=256,
+                 window_size=(300, 0)),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=5, heads_k=5, head_dim=128,
+                 causal=True),
 ]
 
 
@@ -116,10 +132,12 @@ def test_several_tiles_per_cta(cfg):
 # releases of the others): one such warpgroup (Sq mod 192 in 65..128), two (1..64), with a single KV block per tile,
 # and with many tiles per CTA so that the ragged tile sits between carried-over tiles.
 IDLE_ROWS_CASES = [
-    sweep.Config("bfloat16", 2, 512, 512, 8, 2, 64, 64, False, (-1, -1), False, 0.0),
-    sweep.Config("float16", 1, 1000, 1500, 4, 4, 64, 64, True, (-1, -1), False, 3.0),
-    sweep.Config("bfloat16", 3, 385, 100, 4, 1, 64, 64, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 4, 1000, 1000, 16, 8, 64, 64, True, (-1, -1), True, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=512, seqlen_k=512, heads_q=8, heads_k=2, head_dim=64),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1000, seqlen_k=1500, heads_q=4, heads_k=4, head_dim=64,
+                 causal=True, softcap=3.0),
+    sweep.Config(dtype="bfloat16", batch=3, seqlen_q=385, seqlen_k=100, heads_q=4, heads_k=1, head_dim=64, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=4, seqlen_q=1000, seqlen_k=1000, heads_q=16, heads_k=8, head_dim=64,
+                 causal=True, sinks=True),
 ]
 
 
@@ -135,13 +153,17 @@ def test_warpgroups_past_the_last_row(cfg):
 # masks), windows, sinks (per row: several heads per tile), softcap, Sk = 0 (every row empty: store_empty per row),
 # and 192 tiles on 132 CTAs.
 PACKED_GQA_CASES = [
-    sweep.Config("bfloat16", 3, 1, 1000, 32, 8, 128, 128, False, (-1, -1), True, 0.0),
-    sweep.Config("float16", 2, 5, 700, 12, 4, 64, 64, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 16, 2000, 16, 2, 128, 128, True, (100, 0), True, 0.0),
-    sweep.Config("bfloat16", 1, 77, 300, 8, 1, 256, 256, True, (-1, -1), False, 30.0),
-    sweep.Config("float16", 4, 33, 33, 8, 2, 192, 192, False, (20, 5), True, 0.0),
-    sweep.Config("bfloat16", 2, 9, 0, 8, 2, 96, 96, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 64, 3, 500, 18, 3, 128, 128, True, (-1, -1), False, 0.0),
+    sweep.Config(dtype="bfloat16", batch=3, seqlen_q=1, seqlen_k=1000, heads_q=32, heads_k=8, head_dim=128, sinks=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=5, seqlen_k=700, heads_q=12, heads_k=4, head_dim=64, causal=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=16, seqlen_k=2000, heads_q=16, heads_k=2, head_dim=128,
+                 causal=True, window_size=(100, 0), sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=77, seqlen_k=300, heads_q=8, heads_k=1, head_dim=256,
+                 causal=True, softcap=30.0),
+    sweep.Config(dtype="float16", batch=4, seqlen_q=33, seqlen_k=33, heads_q=8, heads_k=2, head_dim=192,
+                 window_size=(20, 5), sinks=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=9, seqlen_k=0, heads_q=8, heads_k=2, head_dim=96, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=64, seqlen_q=3, seqlen_k=500, heads_q=18, heads_k=3, head_dim=128,
+                 causal=True),
 ]
 
 
@@ -173,10 +195,14 @@ def test_explain_says_where_gqa_is_packed():
 # tiles at D 64, causal tails planned on the host, carried-over tiles, tiles of Sq > Sk that see no key; "0": the
 # unpacked path on the short cases above). The launcher reads it once per process, so each runs in a fresh one.
 FORCED_GQA_CASES = PACKED_GQA_CASES + [
-    sweep.Config("bfloat16", 1, 2500, 2500, 8, 2, 128, 128, True, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 1, 4500, 4500, 4, 1, 64, 64, True, (-1, -1), False, 0.0),
-    sweep.Config("float16", 2, 1000, 1300, 6, 2, 256, 256, False, (300, 0), False, 5.0),
-    sweep.Config("bfloat16", 3, 700, 200, 8, 4, 192, 192, True, (-1, -1), True, 0.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=2500, seqlen_k=2500, heads_q=8, heads_k=2, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=4500, seqlen_k=4500, heads_q=4, heads_k=1, head_dim=64,
+                 causal=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=1000, seqlen_k=1300, heads_q=6, heads_k=2, head_dim=256,
+                 window_size=(300, 0), softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=3, seqlen_q=700, seqlen_k=200, heads_q=8, heads_k=4, head_dim=192,
+                 causal=True, sinks=True),
 ]
 
 
@@ -210,14 +236,17 @@ def test_gqa_forced_through_each_path(mode):
 # (Sq < Sk: the diagonal's masked blocks fall in the last part), G 3, D 64 / 96 / 192 / 256, fp16, softcap (the
 # split kernel's capped twin). Gradients run the backward on the merged out and lse.
 SPLIT_KV_CASES = [
-    sweep.Config("bfloat16", 1, 1, 8191, 32, 8, 128, 128, False, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 1, 3000, 4, 4, 64, 64, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 16, 5000, 16, 2, 128, 128, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 5, 1500, 12, 4, 192, 192, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 1, 1, 4000, 8, 8, 256, 256, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 40, 2000, 4, 1, 96, 96, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 1, 6000, 16, 4, 128, 128, False, (-1, -1), True, 30.0),
-    sweep.Config("float16", 2, 7, 2500, 8, 8, 64, 64, True, (-1, -1), False, 5.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=8191, heads_q=32, heads_k=8, head_dim=128, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1, seqlen_k=3000, heads_q=4, heads_k=4, head_dim=64, causal=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=16, seqlen_k=5000, heads_q=16, heads_k=2, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=5, seqlen_k=1500, heads_q=12, heads_k=4, head_dim=192, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=4000, heads_q=8, heads_k=8, head_dim=256),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=40, seqlen_k=2000, heads_q=4, heads_k=1, head_dim=96, causal=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=6000, heads_q=16, heads_k=4, head_dim=128,
+                 sinks=True, softcap=30.0),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=7, seqlen_k=2500, heads_q=8, heads_k=8, head_dim=64,
+                 causal=True, softcap=5.0),
 ]
 
 
@@ -252,12 +281,16 @@ def test_explain_says_where_keys_are_split():
 # in any part: lse -inf, or the sink), more parts than blocks (empty parts), GQA packed and not, softcap, Sk = 0.
 # The split cases above run with 3 and with 64 parts.
 FORCED_SPLIT_CASES = SPLIT_KV_CASES + [
-    sweep.Config("bfloat16", 2, 700, 900, 8, 2, 128, 128, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 300, 2000, 4, 4, 64, 64, False, (300, 40), False, 0.0),
-    sweep.Config("bfloat16", 2, 500, 200, 6, 2, 256, 256, True, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 3, 9, 150, 8, 1, 192, 192, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 3, 900, 8, 2, 128, 128, False, (-1, -1), True, 7.0),
-    sweep.Config("float16", 2, 9, 0, 8, 2, 96, 96, False, (-1, -1), True, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=900, heads_q=8, heads_k=2, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=300, seqlen_k=2000, heads_q=4, heads_k=4, head_dim=64,
+                 window_size=(300, 40)),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=500, seqlen_k=200, heads_q=6, heads_k=2, head_dim=256,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=3, seqlen_q=9, seqlen_k=150, heads_q=8, heads_k=1, head_dim=192),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=3, seqlen_k=900, heads_q=8, heads_k=2, head_dim=128,
+                 sinks=True, softcap=7.0),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=9, seqlen_k=0, heads_q=8, heads_k=2, head_dim=96, sinks=True),
 ]
 
 
@@ -280,11 +313,14 @@ def test_keys_forced_into_parts(parts):
 # row max and go back to the full update for the blocks where a sum exceeds 256 (exponentiate_at_reference).
 # Causal and not, ragged lengths, several tiles per CTA.
 GROWING_MAX_CASES = [
-    sweep.Config("bfloat16", 2, 700, 1900, 4, 2, 256, 256, False, (-1, -1), False, 0.0),
-    sweep.Config("float16", 1, 1500, 1500, 8, 8, 256, 256, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 2, 900, 2500, 6, 2, 192, 192, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 1300, 1300, 4, 4, 192, 192, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 800, 2000, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=1900, heads_q=4, heads_k=2, head_dim=256),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1500, seqlen_k=1500, heads_q=8, heads_k=8, head_dim=256,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=900, seqlen_k=2500, heads_q=6, heads_k=2, head_dim=192),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1300, seqlen_k=1300, heads_q=4, heads_k=4, head_dim=192,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=800, seqlen_k=2000, heads_q=4, heads_k=2, head_dim=128,
+                 sinks=True),
 ]
 
 
@@ -299,14 +335,19 @@ def test_row_max_growing_along_the_keys(cfg):
 # scores at those keys are negative keep the fast path. Every head dim's kernel, GQA, softcap (which bounds the
 # jump: the fast path then holds), sinks, causal and not.
 SPIKE_CASES = [
-    sweep.Config("bfloat16", 2, 600, 1700, 4, 2, 64, 64, False, (-1, -1), False, 0.0),
-    sweep.Config("float16", 1, 4500, 4500, 4, 1, 64, 64, True, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 1, 900, 2100, 4, 4, 96, 96, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 1000, 3001, 4, 2, 128, 128, False, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 2000, 2000, 8, 2, 128, 128, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 300, 8500, 4, 2, 128, 128, False, (-1, -1), False, 20.0),
-    sweep.Config("float16", 1, 1200, 2600, 4, 2, 192, 192, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 1100, 2300, 4, 2, 256, 256, True, (-1, -1), False, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=600, seqlen_k=1700, heads_q=4, heads_k=2, head_dim=64),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=4500, seqlen_k=4500, heads_q=4, heads_k=1, head_dim=64,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=900, seqlen_k=2100, heads_q=4, heads_k=4, head_dim=96),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=1000, seqlen_k=3001, heads_q=4, heads_k=2, head_dim=128,
+                 sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=2000, seqlen_k=2000, heads_q=8, heads_k=2, head_dim=128,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=300, seqlen_k=8500, heads_q=4, heads_k=2, head_dim=128,
+                 softcap=20.0),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1200, seqlen_k=2600, heads_q=4, heads_k=2, head_dim=192),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1100, seqlen_k=2300, heads_q=4, heads_k=2, head_dim=256,
+                 causal=True),
 ]
 
 
@@ -324,18 +365,23 @@ def test_late_keys_far_above_the_reference(cfg):
 # from one query head to the next) the queries alternate between 1x and `factor`x. A thread of the sm90 forward
 # holds rows r and r + 8 of its warp's 16, so its two rows' maxima lie far apart: by ~40 in the log2 domain at 10x
 # and by ~170 at 40x. Each row's softmax must stay its own. (One exp2 reference shared by a thread's two rows, tried
-# in bench/NOTES.md v29, failed here at 10x in fp16: the lower row's P, scaled down by ~2^-40, fell out of fp16's
-# range.) Every head dim's kernel, packed GQA, softcap (which bounds the span), sinks, causal and not.
+# and dropped as lab/experiments/v29-shared-reference.patch, failed here at 10x in fp16: the lower row's P, scaled
+# down by ~2^-40, fell out of fp16's range.) Every head dim's kernel, packed GQA, softcap (which bounds the span),
+# sinks, causal and not.
 FAR_APART_ROWS_CASES = [
-    sweep.Config("bfloat16", 2, 700, 900, 4, 2, 64, 64, True, (-1, -1), False, 0.0),
-    sweep.Config("float16", 1, 2500, 2500, 4, 4, 64, 64, False, (-1, -1), True, 0.0),
-    sweep.Config("bfloat16", 1, 900, 1300, 4, 4, 96, 96, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 2, 1000, 1000, 4, 2, 128, 128, True, (-1, -1), True, 0.0),
-    sweep.Config("float16", 1, 1200, 2600, 8, 2, 128, 128, False, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 300, 3000, 8, 1, 128, 128, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 800, 1800, 4, 2, 128, 128, False, (-1, -1), False, 20.0),
-    sweep.Config("float16", 1, 1100, 1100, 4, 2, 192, 192, True, (-1, -1), False, 0.0),
-    sweep.Config("bfloat16", 1, 900, 1500, 4, 2, 256, 256, False, (-1, -1), False, 0.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=900, heads_q=4, heads_k=2, head_dim=64, causal=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=2500, seqlen_k=2500, heads_q=4, heads_k=4, head_dim=64, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=900, seqlen_k=1300, heads_q=4, heads_k=4, head_dim=96),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=1000, seqlen_k=1000, heads_q=4, heads_k=2, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1200, seqlen_k=2600, heads_q=8, heads_k=2, head_dim=128),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=300, seqlen_k=3000, heads_q=8, heads_k=1, head_dim=128,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=800, seqlen_k=1800, heads_q=4, heads_k=2, head_dim=128,
+                 softcap=20.0),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1100, seqlen_k=1100, heads_q=4, heads_k=2, head_dim=192,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=900, seqlen_k=1500, heads_q=4, heads_k=2, head_dim=256),
 ]
 
 
@@ -423,7 +469,11 @@ def test_calls_lowered_with_every_optional_slot_still_run():
     unused_dlse = jnp.asarray(rng.standard_normal(lse.shape), jnp.float32)
     args = (q, k, v, out, lse, dout, unused_dlse, unused_sinks)
     bwd_params = dict(params, has_dlse=False)
-    legacy_bwd = jax.ffi.ffi_call(primitives._ffi.BWD_TARGET, structs(primitives._bwd_abstract(*args, **bwd_params)))
+    # The backward's results: the gradients, then the workspace the plan sizes (the lowering adds it the same way).
+    workspace = primitives.lowering_plan(q, k, **params)["bwd"]["workspace"]
+    legacy_bwd = jax.ffi.ffi_call(primitives._ffi.BWD_TARGET,
+                                  structs(primitives._bwd_abstract(*args, **bwd_params)) +
+                                  [jax.ShapeDtypeStruct(tuple(b["shape"]), jnp.float32) for b in workspace])
     got = jax.jit(lambda *a: legacy_bwd(*a, **primitives._attrs(bwd_params)))(*args)[:3]
     want = jax.jit(lambda *a: primitives.backward(*a, **bwd_params))(*args)[:3]
     for g, w in zip(got, want):  # dq accumulates with atomics: equal up to summation order
@@ -431,7 +481,7 @@ def test_calls_lowered_with_every_optional_slot_still_run():
 
 
 def test_export_round_trip_matches_the_jitted_call():
-    # DESIGN.md §1: jax.export of a jitted call works (stable FFI target names); serialization when flatbuffers,
+    # docs/design.md §1: jax.export of a jitted call works (stable FFI target names); serialization when flatbuffers,
     # which jax.export's serializer needs, is installed.
     from jax import export
     q, k, v, d_out = export_fixture.export_fixture_inputs(3)

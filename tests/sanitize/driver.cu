@@ -15,7 +15,7 @@
 // NaN, so a kernel that leaves any element unwritten fails the checks; every tensor is its own exact-size
 // allocation, so memcheck sees any access past its end. The checks are sanity, not accuracy (tests/gpu holds the
 // kernel-vs-reference tests): the forward against a float64 reference on the same rounded inputs, the gradients
-// finite, and the zeros the semantics promise (DESIGN.md §2.5): empty rows get out = 0, lse = -inf (the sink logit
+// finite, and the zeros promised (docs/design.md §2.5): empty rows get out = 0, lse = -inf (the sink logit
 // with sinks) and dq = 0; keys no row sees get dk = dv = 0.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -47,7 +47,7 @@ using flashjax::DType;
 using flashjax::FwdParams;
 using flashjax::KernelEntry;
 
-// One problem. window_right = 0 is causal (DESIGN.md §2.3); -1 leaves a side unbounded.
+// One problem. window_right = 0 is causal (docs/design.md §2.3); -1 leaves a side unbounded.
 struct Config {
   int batch, seqlen_q, seqlen_k, heads_q, heads_k;
   int window_left, window_right;
@@ -220,7 +220,7 @@ std::vector<float> floats_to_host(const float* dev, int64_t n) {
   return out;
 }
 
-// The keys query row i sees, [lo, hi] (empty when lo > hi): DESIGN.md §2.3, bottom-right aligned.
+// The keys query row i sees, [lo, hi] (empty when lo > hi): docs/design.md §2.3, bottom-right aligned.
 struct KeyRange {
   int64_t lo, hi;
   bool empty() const { return lo > hi; }

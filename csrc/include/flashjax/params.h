@@ -14,7 +14,7 @@ namespace flashjax {
 
 enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1 };
 
-// Fields every pass needs: shapes, strides, the attention semantics (DESIGN.md §2).
+// Fields every pass needs: shapes, strides, the attention semantics (docs/design.md §2).
 struct AttnShape {
   int32_t batch = 0;
   int32_t seqlen_q = 0;
@@ -35,7 +35,7 @@ struct AttnShape {
   // Semantics.
   float softmax_scale = 1.f;  // multiplies q·k (1/sqrt(original head dim) by default, set by Python)
   float softcap = 0.f;        // > 0: s = softcap * tanh(s / softcap), applied after scaling
-  // Bottom-right aligned band (DESIGN.md §2.3): key j visible to query i iff
+  // Bottom-right aligned band (docs/design.md §2.3): key j visible to query i iff
   //   j <= i + (Sk - Sq) + window_right   (when window_right >= 0)
   //   j >= i + (Sk - Sq) - window_left    (when window_left >= 0)
   // causal=True arrives here as window_right = 0; -1 leaves a side unbounded.

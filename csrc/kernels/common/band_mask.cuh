@@ -1,4 +1,4 @@
-// The causal / sliding-window band of DESIGN.md §2.3 (bottom-right aligned), as a policy with two halves:
+// The causal / sliding-window band of docs/design.md §2.3 (bottom-right aligned), as a policy with two halves:
 //   1. which KV blocks a tile of query rows must visit, and which of those need no per-element mask (KvBlockRange);
 //   2. the per-element predicate, applied to score fragments in (row, col) view (TileMask).
 // Key j is visible to query i iff  j < Sk,  j <= i + (Sk - Sq) + right (right >= 0),  j >= i + (Sk - Sq) - left (left >= 0).

@@ -1,4 +1,4 @@
-// The causal / sliding-window band of DESIGN.md §2.3 (bottom-right aligned) as the backward sees it. A backward CTA
+// The causal / sliding-window band of docs/design.md §2.3 (bottom-right aligned), as the backward sees it. A CTA
 // owns a block of keys and walks blocks of query rows, so the policy's two halves are transposed from the forward's:
 //   1. which M blocks see at least one of the CTA's keys, and which of those need no per-element mask;
 //   2. the per-element predicate, applied to score fragments in (row, col) view.

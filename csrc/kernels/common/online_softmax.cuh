@@ -1,6 +1,6 @@
 // Online (streaming) softmax over KV blocks, in registers, FlashAttention-2 style.
 //
-// Works on (row, col) views of one thread's fragments (see mma_fragment_layouts.cuh): each row of the score tile
+// Works on (row, col) views of one thread's fragments (see sm80/mma_fragment_layouts.cuh): each row of the score tile
 // is spread over the 4 lanes of a quad, so row statistics are quad all-reductions.
 //
 // Invariants, per row, after each update:
@@ -112,9 +112,9 @@ struct OnlineSoftmax {
       lse[r] = -INFINITY;
       if (common_max != -INFINITY) {
         // The approximate forms suffice and keep this per-tile step short (the IEEE division and log2f are ~40
-        // instructions each per row, on the path between a tile's last GEMM and the next tile's first, see
-        // bench/NOTES.md v6): both exponents are <= 0, and the denominator is >= 1 (its largest term is exp2(0)),
-        // far from the ranges where ex2/lg2.approx or the fast division lose accuracy.
+        // instructions each per row, on the path between a tile's last GEMM and the next tile's first): both
+        // exponents are <= 0, and the denominator is >= 1 (its largest term is exp2(0)), far from the ranges where
+        // ex2/lg2.approx or the fast division lose accuracy.
         const float scores_weight = exp2_ftz(scores_max - common_max);
         const float denominator = sum * scores_weight + exp2_ftz(sink_log2[r] - common_max);
         out_scale = __fdividef(scores_weight, denominator);

@@ -1,4 +1,4 @@
-// Score soft-capping (DESIGN.md §2.1): s = c * tanh(scale * qk / c), applied before masking.
+// Score soft-capping (docs/design.md §2.1): s = c * tanh(scale * qk / c), applied before masking.
 #pragma once
 
 #include <cute/tensor.hpp>

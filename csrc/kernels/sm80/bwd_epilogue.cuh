@@ -6,8 +6,8 @@
 #include <cute/tensor.hpp>
 
 #include "flashjax/params.h"
-#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
+#include "kernels/sm80/mma_fragment_layouts.cuh"
 
 namespace flashjax::sm80 {
 

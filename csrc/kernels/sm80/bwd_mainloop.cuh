@@ -15,10 +15,10 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
-#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/sm80/bwd_dq_accum.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_scores.cuh"
+#include "kernels/sm80/mma_fragment_layouts.cuh"
 #include "kernels/sm80/smem_gemm.cuh"
 
 namespace flashjax::sm80 {

@@ -9,7 +9,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "kernels/common/fast_math.cuh"
-#include "kernels/common/mma_fragment_layouts.cuh"
+#include "kernels/sm80/mma_fragment_layouts.cuh"
 
 namespace flashjax::sm80 {
 

@@ -5,8 +5,8 @@
 
 #include <cute/tensor.hpp>
 
-#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/sm80/fwd_layouts.cuh"
+#include "kernels/sm80/mma_fragment_layouts.cuh"
 
 namespace flashjax::sm80 {
 

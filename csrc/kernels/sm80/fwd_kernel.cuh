@@ -13,13 +13,13 @@
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
-#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm80/fwd_epilogue.cuh"
 #include "kernels/sm80/fwd_layouts.cuh"
 #include "kernels/sm80/fwd_mainloop.cuh"
 #include "kernels/sm80/fwd_tile_scheduler.cuh"
+#include "kernels/sm80/mma_fragment_layouts.cuh"
 
 namespace flashjax::sm80 {
 

@@ -13,10 +13,10 @@
 #include <cute/tensor.hpp>
 
 #include "kernels/common/band_mask.cuh"
-#include "kernels/common/mma_fragment_layouts.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm80/fwd_layouts.cuh"
+#include "kernels/sm80/mma_fragment_layouts.cuh"
 #include "kernels/sm80/smem_gemm.cuh"
 
 namespace flashjax::sm80 {

@@ -18,7 +18,7 @@ template <typename Element>
 constexpr FwdTileSizes fwd_tile_sizes(int head_dim) {
   // D = 64: 64-key steps, like D = 128. FA2's 128-key step (S: 128 regs/thread) halves the softmax/rescale work
   // per key, but with the band mask and the ldmatrix double buffers it needs more than 255 registers: ptxas spilled
-  // ~400 bytes in the masked step. Measured on the H200 (bench/NOTES.md, v4): +46% at S = 512 causal (where 40% of
+  // ~400 bytes in the masked step. Measured on the H200 (docs/performance.md): +46% at S = 512 causal (where 40% of
   // the blocks are masked), +6-22% on the other causal rows, +1-5% non-causal from S = 2k, -5% at S = 512.
   if (head_dim <= 64) return {128, 64, 4};
   // D = 96 / 128: O takes 96 / 128 regs/thread; 64-key steps keep S at 64 regs. 48 / 64 KB smem: 2 CTAs per SM

@@ -24,8 +24,8 @@
 
 #include "flashjax/params.h"
 
-#include "kernels/common/sm90_wgmma.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
@@ -206,8 +206,9 @@ struct FwdEpilogueSm90 {
 
   // Each row's LSE, by the lane of its quad that holds column 0. Unpacked, the rows are one head's consecutive
   // positions, and the code is the one from before packing existed: the head's offset is taken once, in uniform
-  // registers. (With per-row addresses shared by both paths, the unpacked D 128 rows read 1-2% slower in v16's A/B,
-  // not separated from the order of the builds; the per-tile path runs between two tiles' GEMMs: bench/NOTES.md.)
+  // registers. (With per-row addresses shared by both paths, the unpacked D 128 rows read 1-2% slower in an A/B on
+  // the H200, not separated from the order of the builds; the per-tile path runs between two tiles' GEMMs:
+  // docs/performance.md.)
   template <int kRows>
   __device__ static void store_lse(const Params& params, const float (&lse)[kRows], const QueryTiling& tiling,
                                    int warpgroup, int thread_in_wg, int m_block, int head, int batch) {

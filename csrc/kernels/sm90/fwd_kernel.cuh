@@ -23,7 +23,6 @@
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
-#include "kernels/common/sm90_wgmma.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm90/fwd_epilogue.cuh"
 #include "kernels/sm90/fwd_mainloop.cuh"
@@ -33,6 +32,7 @@
 #include "kernels/sm90/fwd_split_epilogue.cuh"
 #include "kernels/sm90/fwd_tile_scheduler.cuh"
 #include "kernels/sm90/fwd_tile_sizes.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
@@ -243,8 +243,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         // At kernel start every CTA's first loads meet a cold memory system at once, and the first GEMM needs Q
         // and K of the first block, V only one GEMM later: the first V waits until the first Q has landed (its
         // buffer 0, phase 0), so it does not share that burst (causal D 128 S 4k: first block done 7.0 -> 5.5 us
-        // after the kernel's start; bench/NOTES.md v27). That barrier cannot complete a second phase before this
-        // wait sees the first: the next Q into buffer 0 waits for this tile's epilogue, which needs this V.
+        // after the kernel's start, +0.7% at causal S 4k and +2-4% at causal S 1k on the H200; docs/performance.md,
+        // lever table). That barrier cannot complete a second phase before this wait sees the first: the next Q
+        // into buffer 0 waits for this tile's epilogue, which needs this V.
         if (tiles_with_work++ == 0) shared.barriers.q[0].wait(0);
         Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
       }

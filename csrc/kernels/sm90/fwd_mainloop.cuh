@@ -20,11 +20,11 @@
 #include <type_traits>
 
 #include "kernels/common/band_mask.cuh"
-#include "kernels/common/sm90_wgmma.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
 #include "kernels/sm90/fwd_query_tiling.cuh"
 #include "kernels/sm90/fwd_softmax.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
@@ -42,7 +42,7 @@ struct FwdMainloopSm90 {
   static constexpr int kQStages = kQStages_;
   static_assert(kQStages == 1 || kQStages == 2);
   // Compiled for soft-capped calls. A separate kernel because the capping code inside the hot loops, even branched
-  // around at run time, cost uncapped calls 2-5% (instruction fetch around it: bench/NOTES.md v10).
+  // around at run time, cost uncapped calls 2-5% (instruction fetch around it; docs/performance.md, lever table).
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of O += P V: a multiple of 16");
@@ -201,7 +201,7 @@ struct FwdMainloopSm90 {
   // loaded by warps that never wait on each other, so neither ring can deadlock. (With one warp issuing both, in
   // the consumers' order K(t), V(t-1), a K load queued behind a V stage release: ncu at D = 128 S = 4k found the
   // consumers waiting for K on 6% of all warp samples; a fixed lead of K over V traded short tiles against long
-  // ones: bench/NOTES.md, v4.)
+  // ones: docs/performance.md.)
   // Tiles with no KV block load nothing and take no part in the Q hand-off (their epilogue does not use shared
   // memory: fwd_epilogue.cuh).
   //
@@ -325,7 +325,7 @@ struct FwdMainloopSm90 {
   //                 the ping-pong instead of idling them (tail_and_prefetch, then finish_prefetch; tail alone
   //                 after the CTA's last tile or with one Q buffer)
   // Every warpgroup takes one ping-pong turn per steady step and one per tail, and all walk the same tiles, so the
-  // turns stay in one round across tiles. (A tail outside the round measured equal or slower: bench/NOTES.md v5.)
+  // turns stay in one round across tiles. (A tail outside the round measured equal or slower on the H200.)
 
   // Register state a consumer warpgroup carries from block to block and from one tile into the next.
   using FragS = decltype(cute::partition_fragment_C(TiledMmaQK{}, cute::Shape<WgRows, BlockN>{}));
@@ -360,11 +360,11 @@ struct FwdMainloopSm90 {
   static constexpr bool kCanPrefetchQuery = kQStages == 2;
   // The online softmax skips O's rescale while no row max grew much (FwdOnlineSoftmaxSm90). Measured at D 256
   // (128 multiplies of O against 40 exps per thread and block): +3-5%; D 192 (96 against 56): equal; D 64 / 128
-  // (the branch costs more than it saves there): -2-5%. bench/NOTES.md v7.
+  // (the branch costs more than it saves there): -2-5% (docs/performance.md, lever table).
   static constexpr bool kLazyRescale = kHeadDim > 192;
   // The unmasked blocks after the first exponentiate against the running reference without a row max
   // (FwdOnlineSoftmaxSm90::exponentiate_at_reference). Measured: D 128 +9-11%, D 64 +7-14%; D 256 +1-2% without a
-  // causal mask but -2-4% with one, against the lazy rescale above, which it keeps (bench/NOTES.md v8).
+  // causal mask but -2-4% with one, against the lazy rescale above, which it keeps (docs/performance.md, lever table).
   static constexpr bool kExponentiateAtReference = !kLazyRescale;
 
   // The warpgroup's view of its Q rows, the K and V stages, and its GEMMs.
@@ -490,7 +490,7 @@ struct FwdMainloopSm90 {
     if constexpr (kExponentiateAtReference && !kMasked) {
       // P_t is written over P_{t-1}, the operand of the PV GEMM: wait for it first. (Only the conversion into P
       // must follow the wait: ptxas issues most of the FFMAs and a quarter of the exponentials before it, into
-      // temporaries. bench/NOTES.md v22.)
+      // temporaries, as the library's SASS shows.)
       wait_for_pv(pipeline_v, state, acc_o);
       Tensor p_rc = make_tensor(state.p.data(), common::wgmma_acc_rowcol_layout(state.s.layout()));
       if (softmax.exponentiate_at_reference(s_rc, p_rc)) return;
@@ -501,8 +501,8 @@ struct FwdMainloopSm90 {
       const bool rescale = softmax.update(s_rc, correction);
       // Lets the softmax above overlap the PV GEMM. In the library's SASS (-DNDEBUG) ptxas keeps most of the
       // exponentials ahead of the wait at D 256; SASS compiled without -DNDEBUG had shown the wait near the start
-      // of the softmax (bench/NOTES.md v22). Moving this wait, the rescale and the conversion to the start of the
-      // next GEMM turn (across the loop's back edge) measured slower (-1% at D 128, -10% at D 256; v7).
+      // of the softmax. Moving this wait, the rescale and the conversion to the start of the next GEMM turn
+      // (across the loop's back edge) measured slower on the H200 (-1% at D 128, -10% at D 256; docs/performance.md).
       wait_for_pv(pipeline_v, state, acc_o);
       if (rescale) Softmax::rescale_o(acc_o_rc, correction);
     }

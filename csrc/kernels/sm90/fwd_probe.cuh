@@ -1,6 +1,6 @@
-// Diagnostic only: per-CTA timelines of the sm90 forward kernel (bench/NOTES.md v27). Compiled in with
-// -DFLASHJAX_PROBE into one kernel file (`tools/codegen_variant.sh probe -DFLASHJAX_PROBE`), read back through
-// flashjax_probe_read by tools/cta_timeline.py. Without the macro every hook is empty and the kernel's code is the
+// Diagnostic only: per-CTA timelines of the sm90 forward kernel (lab/README.md). Compiled in with
+// -DFLASHJAX_PROBE into one kernel file (`lab/tools/codegen_variant.sh probe -DFLASHJAX_PROBE`), read back through
+// flashjax_probe_read by lab/tools/cta_timeline.py. Without the macro every hook is empty and the kernel's code is the
 // same instruction for instruction (hot-loop fingerprint unchanged). Each record is one (launch, CTA), written by
 // consumer warpgroup 0's first thread: globaltimer and clock64 at entry, after griddepcontrol.wait, after the first
 // block, after each tile's epilogue and at exit, with the SM id.

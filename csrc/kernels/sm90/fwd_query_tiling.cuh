@@ -12,7 +12,7 @@
 // image as an unpacked one and the GEMMs do not change: only the TMA boxes (one per chunk), the per-row masks, sinks
 // and LSE, and the scheduler's KV range per tile (from its positions) do. Packing is a compile-time choice
 // (FwdKernelSm90's kPackGqa) that leaves the unpacked kernels' code as it was: as a runtime one, its registers and
-// per-tile instructions cost them 1-7% (bench/NOTES.md v16).
+// per-tile instructions cost them 1-7% on the H200 (docs/performance.md).
 #pragma once
 
 #include <cutlass/fast_math.h>

@@ -1,5 +1,5 @@
 // Score processing and online softmax of the sm90 forward kernel, on one consumer warpgroup's 64 x kBlockN score
-// fragment in (row, col) view (common/sm90_wgmma.cuh): each thread holds 2 rows, each row spread over a quad.
+// fragment in (row, col) view (wgmma.cuh): each thread holds 2 rows, each row spread over a quad.
 //
 // Differs from the sm80 loop (common::OnlineSoftmax::update) in two ways. The O accumulator is rescaled in a
 // separate step: with the intra-warpgroup overlap, softmax(S_j) runs while the wgmma O += P_{j-1} V_{j-1} is still
@@ -86,7 +86,7 @@ struct FwdOnlineSoftmaxSm90 : common::OnlineSoftmax<kRows> {
   // against the reference the earlier blocks set, with no search for this block's row max, written straight into
   // the 16-bit fragment `p_rc` (the scores stay as they were). The max reduction (an FMNMX per score and the quad
   // shuffles), the corrections and O's rescale drop out: at D 128 that is ~130 of the ~420 instructions per thread
-  // and block, worth +9-11% (bench/NOTES.md v8). The result is the same function as with the exact max as long as
+  // and block, worth +9-11% (docs/performance.md). The result is the same function as with the exact max as long as
   // no P is large enough to lose the fp32 sums' or 16-bit P's range, the lazy rule's bound (P <= 256 above). This
   // thread checks it on its row sums: sum <= 256 implies every term <= 256; a row with no visible key yet has
   // reference -inf, hence +inf arguments and an inf sum; a NaN score gives a NaN sum. Returns, uniformly over the

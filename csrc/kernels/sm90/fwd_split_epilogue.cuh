@@ -15,7 +15,7 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
-#include "kernels/common/sm90_wgmma.cuh"
+#include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
