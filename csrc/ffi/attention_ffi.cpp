@@ -140,19 +140,7 @@ class OptionalOperands {
 // plain target), which sized the workspace.
 PassPlan plan_for(int32_t ordinal, Direction direction, const AttnShape& shape, bool has_sinks, int32_t num_splits,
                   bool explain) {
-  Problem problem;
-  problem.dtype = shape.dtype;
-  problem.batch = shape.batch;
-  problem.seqlen_q = shape.seqlen_q;
-  problem.seqlen_k = shape.seqlen_k;
-  problem.heads_q = shape.heads_q;
-  problem.heads_k = shape.heads_k;
-  problem.head_dim = shape.head_dim;
-  problem.window_left = shape.window_left;
-  problem.window_right = shape.window_right;
-  problem.softcap = shape.softcap;
-  problem.has_sinks = has_sinks;
-  problem.num_splits = num_splits;
+  const Problem problem = problem_of(shape, has_sinks, num_splits);
   DeviceProps device;
   device.sm = device_sm(ordinal);
   device.smem_per_block_optin = device_smem_per_block_optin(ordinal);

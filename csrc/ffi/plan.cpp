@@ -72,6 +72,23 @@ std::string pass_json(const PassPlan& pass) {
 
 }  // namespace
 
+Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits) {
+  Problem problem;
+  problem.dtype = shape.dtype;
+  problem.batch = shape.batch;
+  problem.seqlen_q = shape.seqlen_q;
+  problem.seqlen_k = shape.seqlen_k;
+  problem.heads_q = shape.heads_q;
+  problem.heads_k = shape.heads_k;
+  problem.head_dim = shape.head_dim;
+  problem.window_left = shape.window_left;
+  problem.window_right = shape.window_right;
+  problem.softcap = shape.softcap;
+  problem.has_sinks = has_sinks;
+  problem.num_splits = num_splits;
+  return problem;
+}
+
 PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProps& device,
                    const std::vector<KernelEntry>& table, const std::vector<std::string>& compiled_archs,
                    bool explain) {

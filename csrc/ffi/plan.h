@@ -31,6 +31,9 @@ struct Problem {
   int32_t num_splits = 0;      // forward: 0 lets the plan choose; n >= 1 is the count the lowering fixed
 };
 
+// The problem of a call the FFI handler decoded (shape.head_dim is its width; the flags stay off).
+Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits);
+
 // The device the call is planned for. Zeros mean unknown: the shared-memory limit then comes from the table by
 // compute capability (max_smem_per_block_optin), and no call splits its keys by rule without an SM count.
 struct DeviceProps {
