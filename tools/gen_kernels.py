@@ -3,15 +3,22 @@
 
 The table below is the only place that says which kernels exist. Running this script rewrites
   csrc/kernels/generated/<family>_<direction>_<dtype>_hdim<D>.cu   one explicit instantiation each
-  csrc/kernels/generated/kernel_table_{full,ci}.inc                  X-macro rows for csrc/ffi/kernel_table.cpp
+  csrc/kernels/generated/kernel_table_{full,ci,bench}.inc            X-macro rows for csrc/ffi/kernel_table.cpp
   csrc/kernels/generated/kernels.cmake                               source lists per kernel set
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
-Each table row also names the kernel's <direction>_smem_bytes<Element, D>() (declared in its family's launch.h,
-defined next to run_<direction> and instantiated with it here): the dynamic shared memory per block its launches
-request, computed from the kernel's own types, which dispatch compares with the device's limit (sm86/89/120 allow
-99 KB per block, sm80 163 KB, sm90 227 KB). Nothing here restates a kernel's layout, so a tile or storage change in a
-kernel header needs no edit here. `python -m flashjax` (or flashjax._ffi.build_info()) prints the figures.
+Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
+  full    every row of the spec table: 3 (family, direction) pairs x 2 dtypes x 5 head dims = 30 kernels
+  ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once
+  bench   BENCH_SET: the sm90 forward and sm80 backward, bf16, D 64/128/192/256, for kernel experiments
+  none    no kernels (the host code and Python alone; every call then takes the reference)
+
+Each row names three functions of its family's launch.h, defined next to run_<direction> and instantiated with it
+here: run_<direction> itself; <direction>_smem_bytes<Element, D>(), the dynamic shared memory per block its launches
+request, computed from the kernel's own types, which the plan compares with the device's limit (sm86/89/120 allow
+99 KB per block, sm80 163 KB, sm90 227 KB); and <direction>_choices<Element, D>(), the family's per-call choices
+(tiles, GQA packing, key splits) that the plan asks. Nothing here restates a kernel's layout, so a tile or storage
+change in a kernel header needs no edit here. `python -m flashjax` (or flashjax._ffi.build_info()) prints the figures.
 """
 from __future__ import annotations
 
