@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/env.sh
-if [ ! -f python/flashjax/libflashjax.so ]; then
-  FLASHJAX_KERNEL_SET=${FLASHJAX_KERNEL_SET:-ci} FLASHJAX_CUDA_ARCHS=${FLASHJAX_CUDA_ARCHS:-80-real} tools/build.sh
+VENV=$(realpath "${FLASHJAX_VENV:-.venv}")
+# The same library as tools/test.sh's (incremental: nothing recompiles when it is current).
+if [ -z "$(tools/gpu.sh arch)" ]; then
+  export FLASHJAX_KERNEL_SET=${FLASHJAX_KERNEL_SET:-ci} FLASHJAX_CUDA_ARCHS=${FLASHJAX_CUDA_ARCHS:-80-real}
 fi
-PYTHONPATH=python .venv/bin/python examples/demo.py "$@"
+tools/build.sh
+PYTHONPATH=python "$VENV/bin/python" examples/demo.py "$@"

@@ -6,8 +6,14 @@
 
 `python -m flashjax` prints what is installed and which path typical calls take.
 """
-from .api import explain, flash_attn, flash_attn_varlen, flash_mha, flash_mha_varlen
-from .masks import MaskMod, causal_mask, document_mask, prefix_lm_mask, sliding_window_mask, static
+import sys
+
+if sys.version_info < (3, 12):
+    raise ImportError(f"flashjax needs Python >= 3.12 (as jax 0.11 does); this is Python {sys.version.split()[0]}")
+
+from . import _ffi  # noqa: E402
+from .api import explain, flash_attn, flash_attn_varlen, flash_mha, flash_mha_varlen  # noqa: E402
+from .masks import MaskMod, causal_mask, document_mask, prefix_lm_mask, sliding_window_mask, static  # noqa: E402
 
 __version__ = "0.2.0"
 
@@ -15,3 +21,5 @@ __all__ = [
     "flash_attn", "flash_attn_varlen", "flash_mha", "flash_mha_varlen", "explain",
     "MaskMod", "static", "causal_mask", "document_mask", "sliding_window_mask", "prefix_lm_mask",
 ]
+
+_ffi.check_environment()

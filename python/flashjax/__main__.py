@@ -20,18 +20,36 @@ def _typical_calls():
                                 v=spec((8192, 16, 128), bf16), varlen=True)
 
 
+def _print_cuda() -> None:
+    """The CUDA major of the library, the driver and JAX's plugin, and whether they fit together."""
+    plugins = _ffi.jax_cuda_plugins()
+    plugin_text = ", ".join(f"jax-cuda{m}-plugin {v}" for m, v in sorted(plugins.items())) or "none (CPU-only jax)"
+    driver = _ffi.driver_cuda_version()
+    driver_text = f"CUDA {_ffi.cuda_text(driver)}" if driver else "none found"
+    if not _ffi.available():
+        print(f"CUDA: NVIDIA driver {driver_text}, jax plugin {plugin_text}")
+        return
+    env = _ffi.cuda_environment()
+    major = env["library"] // 1000
+    verdict = env["problem"] or env["warning"] or (
+        f"they match (flashjax-cu{major})" if major in plugins else "no jax CUDA plugin: only the reference runs")
+    print(f"CUDA: library {_ffi.cuda_text(env['library'])}, NVIDIA driver {driver_text}, jax plugin {plugin_text}: "
+          f"{verdict}")
+
+
 def main() -> None:
     print(f"flashjax {__version__}")
     if _ffi.available():
         info = _ffi.build_info()
         print(f"library: {info['path']}")
-        print(f"  version {info['version']}, CUDA {info['cuda_version']}, archs {', '.join(info['cuda_archs'])}, "
+        print(f"  version {info['version']}, CUDA {_ffi.cuda_text(info['cuda_version'])}, archs {', '.join(info['cuda_archs'])}, "
               f"kernel set '{info['kernel_set']}' ({len(info['kernels'])} kernels)")
         for k in info["kernels"]:
             print(f"  {k['family']} {k['direction']} {k['dtype']} head dim {k['head_dim']}, "
                   f"{k['smem_bytes'] / 1024:g} KB shared memory per block")
     else:
         print(f"library: not found ({_ffi.LIBRARY_NAME}); only backend='reference' runs")
+    _print_cuda()
     print(f"jax {jax.__version__}; devices:")
     for d in jax.devices():
         cc = getattr(d, "compute_capability", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -123,3 +124,75 @@ def register_targets() -> None:
     lib = library()
     for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
+
+
+# ------------------------------------------------------------------------------------------ CUDA environment
+CUDA_MAJORS = (12, 13)  # the jax CUDA plugins flashjax is built for, one wheel each (flashjax-cu12, flashjax-cu13)
+
+
+def jax_cuda_plugins() -> dict[int, str]:
+    """The jax CUDA plugins installed, {CUDA major: version}: what decides which flashjax wheel matches."""
+    found = {}
+    for major in CUDA_MAJORS:
+        try:
+            found[major] = importlib.metadata.version(f"jax-cuda{major}-plugin")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+@functools.cache
+def driver_cuda_version() -> int | None:
+    """The CUDA version the NVIDIA driver supports (e.g. 13000 for 13.0), or None without a driver."""
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    version = ctypes.c_int(0)
+    if libcuda.cuDriverGetVersion(ctypes.byref(version)) != 0:
+        return None
+    return version.value
+
+
+def cuda_text(version: int) -> str:
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+@functools.cache
+def cuda_environment() -> dict:
+    """How the library's CUDA major fits this environment: {"library", "driver", "plugins", "problem", "warning"}.
+
+    "problem" (the kernels cannot run: a driver older than the library's CUDA) sends every call to the reference
+    with that reason, and import raises it where a jax CUDA plugin is installed; "warning" (the jax plugin is of
+    another CUDA major than the library, which runs but is not what was tested) is said once at import."""
+    library_version = build_info()["cuda_version"]
+    major = library_version // 1000
+    driver = driver_cuda_version()
+    plugins = jax_cuda_plugins()
+    problem = warning = None
+    if driver is not None and driver < major * 1000:
+        problem = (f"this flashjax library was built with CUDA {cuda_text(library_version)} but the NVIDIA driver "
+                   f"supports CUDA {cuda_text(driver)} at most: update the driver"
+                   + (f", or install flashjax-cu{driver // 1000} next to jax[cuda{driver // 1000}]"
+                      if driver // 1000 in CUDA_MAJORS else ""))
+    elif plugins and major not in plugins:
+        other = ", ".join(f"jax-cuda{m}-plugin {v}" for m, v in sorted(plugins.items()))
+        wanted = " or ".join(f"flashjax-cu{m}" for m in sorted(plugins))
+        warning = (f"this flashjax library was built with CUDA {major} but JAX's CUDA plugin is {other}; "
+                   f"install {wanted} to match it (or jax[cuda{major}])")
+    return {"library": library_version, "driver": driver, "plugins": plugins, "problem": problem,
+            "warning": warning}
+
+
+def check_environment() -> None:
+    """Import-time check (where a jax CUDA plugin is installed and the library is there): a library the driver
+    cannot run raises ImportError now rather than failing at the first kernel launch; a plugin of another CUDA
+    major warns. Without a plugin (a CPU-only jax) or without the library only the reference runs anyway."""
+    if not jax_cuda_plugins() or not available():
+        return
+    env = cuda_environment()
+    if env["problem"]:
+        raise ImportError("flashjax: " + env["problem"])
+    if env["warning"]:
+        import warnings
+        warnings.warn("flashjax: " + env["warning"], stacklevel=3)

@@ -174,6 +174,8 @@ def choose(call: Call, *, device_sm: int | None = None):
         reason = f"the default JAX device is {jax.devices()[0].platform!r}; the kernels need an NVIDIA GPU"
     elif not _ffi.available():
         reason = "the compiled library libflashjax.so is not installed"
+    elif _ffi.cuda_environment()["problem"] is not None:
+        reason = _ffi.cuda_environment()["problem"]
     else:
         plan = _plan_of(call, device_sm)
         if plan["runs"]:

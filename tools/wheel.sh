@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the release wheel for the CUDA toolkit it finds: flashjax-cu13 next to jax[cuda13] with nvcc 13,
+# flashjax-cu12 next to jax[cuda12] with nvcc 12 (CUDACXX picks the toolkit). Every kernel, the release
+# architectures (CMakeLists.txt's "release"), into dist/ or $1.
+#   1. stage the tree (tracked and untracked files that git does not ignore) with the package named after the
+#      toolkit's major: pyproject.toml is flashjax-cu13's, and CMake refuses a name that does not match nvcc;
+#   2. pip wheel with scikit-build-core, without build isolation, from the venv's packages (so it works offline);
+#   3. auditwheel reads the glibc symbol versions and libraries the library needs: the wheel gets the manylinux tag
+#      that this build satisfies, and fails if it needs any library beyond the manylinux policy's (libc, libm, ...).
+#   FLASHJAX_CUDA_ARCHS, FLASHJAX_KERNEL_SET   as for tools/build.sh (default here: release, full)
+#   FLASHJAX_WHEEL_BUILD_DIR=DIR              keep the CMake build there (incremental rebuilds) instead of a temporary one
+#   FLASHJAX_WHEELHOUSE=DIR                   offline: where scikit-build-core and auditwheel come from, if missing
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DIST=$(realpath -m "${1:-dist}")
+tools/env.sh
+VENV=$(realpath "${FLASHJAX_VENV:-.venv}")
+PIP_FLAGS=(-q ${FLASHJAX_WHEELHOUSE:+--no-index --find-links "$FLASHJAX_WHEELHOUSE"})
+"$VENV/bin/python" -c 'import scikit_build_core, auditwheel, wheel' 2>/dev/null ||
+  "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "scikit-build-core>=0.10" auditwheel wheel
+MAJOR=$(tools/gpu.sh cuda-major)
+[ -n "$MAJOR" ] || { echo "flashjax: no CUDA toolkit found (nvcc on PATH or CUDACXX)" >&2; exit 1; }
+NAME=flashjax-cu$MAJOR
+
+STAGE=$(mktemp -d)
+trap 'rm -rf "$STAGE"' EXIT
+git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$STAGE"
+sed -i -e "s/^name = \"flashjax-cu13\"/name = \"$NAME\"/" -e "s/jax\[cuda13\]/jax[cuda$MAJOR]/" "$STAGE/pyproject.toml"
+grep -q "^name = \"$NAME\"" "$STAGE/pyproject.toml" || { echo "flashjax: could not name the package $NAME" >&2; exit 1; }
+
+export FLASHJAX_CUDA_ARCHS=${FLASHJAX_CUDA_ARCHS:-release} FLASHJAX_KERNEL_SET=${FLASHJAX_KERNEL_SET:-full}
+export CMAKE_BUILD_PARALLEL_LEVEL=${FLASHJAX_BUILD_JOBS:-$(nproc)}
+BUILD_FLAGS=()
+[ -n "${FLASHJAX_WHEEL_BUILD_DIR:-}" ] && BUILD_FLAGS+=(-C "build-dir=$(realpath -m "$FLASHJAX_WHEEL_BUILD_DIR")")
+echo "flashjax: building $NAME (archs: $FLASHJAX_CUDA_ARCHS, kernels: $FLASHJAX_KERNEL_SET)"
+PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m pip wheel --no-build-isolation --no-deps -q "${BUILD_FLAGS[@]}" \
+  -w "$STAGE/raw" "$STAGE"
+RAW=$(ls "$STAGE"/raw/*.whl)
+
+# The manylinux tag this build satisfies, as auditwheel reads it off the library's glibc symbol versions.
+SHOW=$("$VENV/bin/python" -m auditwheel show "$RAW")
+PLATFORM=$(sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p' <<<"${SHOW//$'\n'/ }")
+[[ $PLATFORM == manylinux_* ]] || { echo "$SHOW" >&2; echo "flashjax: the library is not manylinux-compatible" >&2; exit 1; }
+mkdir -p "$DIST"
+"$VENV/bin/python" -m wheel tags --remove --platform-tag "$PLATFORM" "$RAW" >/dev/null
+WHEEL=$(ls "$STAGE"/raw/*.whl)
+mv "$WHEEL" "$DIST/"
+WHEEL=$DIST/$(basename "$WHEEL")
+echo "flashjax: $WHEEL ($(du -m "$WHEEL" | cut -f1) MB)"
+echo "$SHOW" | sed 's/^/  auditwheel: /' | head -n 20
