@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The test suite, from a fresh machine: environment, generated-file check, library build (every kernel for this
 # machine's GPU; the small CI set without one; FLASHJAX_KERNEL_SET/FLASHJAX_CUDA_ARCHS override), GoogleTest host
-# tests, then pytest (CPU tests and lab/tests, the lab
-# tools' own tests, always; GPU tests run when JAX sees an NVIDIA GPU and skip otherwise). Extra arguments go to
-# pytest.
+# tests, then pytest: the CPU tests and lab/tests (the lab tools' own tests) always, the GPU tests in a second
+# process (they skip without an NVIDIA GPU). Extra arguments go to both pytest runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/env.sh
@@ -18,4 +17,8 @@ fi
 tools/build.sh
 BUILD=$(cat build/last)
 (cd "$BUILD" && ctest --output-on-failure)
-python -m pytest -q -n "${FLASHJAX_TEST_JOBS:-2}" tests lab/tests "$@"
+python -m pytest -q -n "${FLASHJAX_TEST_JOBS:-2}" tests/cpu lab/tests "$@"
+# The GPU tests in a process of their own, since the CPU tests pin JAX to the CPU for their whole process. Without
+# a GPU they are collected and skip (so CI still imports them).
+JOBS=$(( $(nproc) / 2 )); JOBS=$(( JOBS < 1 ? 1 : JOBS > 8 ? 8 : JOBS ))
+python -m pytest -q -n "${FLASHJAX_GPU_TEST_JOBS:-$JOBS}" tests/gpu "$@"

@@ -1,6 +1,9 @@
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "JAX_PLATFORMS" not in os.environ:
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    # tests/gpu/conftest.py reads this to say why GPU tests collected in the same process cannot run.
+    os.environ["FLASHJAX_TESTS_PINNED_CPU"] = "1"
 
 import contextlib
 import importlib.util

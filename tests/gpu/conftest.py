@@ -10,6 +10,9 @@ import pytest  # noqa: E402
 
 
 def _gpu_ready():
+    if os.environ.get("FLASHJAX_TESTS_PINNED_CPU") == "1":
+        return False, ("the CPU tests pinned JAX to the CPU in this process: run tests/gpu in a pytest process of "
+                       "its own (tools/test.sh does)")
     try:
         devices = jax.devices()
     except RuntimeError:
