@@ -9,6 +9,8 @@
 #                                    none otherwise)
 #   FLASHJAX_SYSTEM_SITE_PACKAGES=1  let the venv see the system's packages: for a machine whose python3 already has
 #                                    jax with its CUDA plugin (for instance one without network)
+#   FLASHJAX_PYTHON=python3.12       the interpreter to make the venv with (default: the first Python >= 3.12 found;
+#                                    python3 with FLASHJAX_SYSTEM_SITE_PACKAGES)
 #   FLASHJAX_WHEELHOUSE=DIR          install from this folder of wheels alone (no network); the README says what it
 #                                    must hold
 set -euo pipefail
@@ -28,11 +30,10 @@ if [ -z "${FLASHJAX_CUDA_MAJOR:-}" ]; then
   fi
 fi
 case $FLASHJAX_CUDA_MAJOR in
-  12|13) JAX_REQUIREMENT="jax[cuda$FLASHJAX_CUDA_MAJOR]==$JAX_VERSION"; PLUGIN="jax-cuda$FLASHJAX_CUDA_MAJOR-plugin" ;;
-  none) JAX_REQUIREMENT="jax==$JAX_VERSION"; PLUGIN="" ;;
+  12|13) PLUGIN="jax-cuda$FLASHJAX_CUDA_MAJOR-plugin" ;;
+  none) PLUGIN="" ;;
   *) echo "flashjax: FLASHJAX_CUDA_MAJOR must be 12, 13 or none, got '$FLASHJAX_CUDA_MAJOR'" >&2; exit 1 ;;
 esac
-PACKAGES=("$JAX_REQUIREMENT" "jaxlib==$JAX_VERSION" numpy pytest pytest-xdist flatbuffers)
 
 find_python() {
   for candidate in python3.13 python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
@@ -46,38 +47,60 @@ find_python() {
   return 1
 }
 
-# Whether the venv has everything: the pinned jax, the plugin when one is wanted, the test packages, the CUTLASS
-# headers (found without importing the package, whose Python side needs cuda-python and more).
-ready() {
-  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$JAX_VERSION" "$PLUGIN" <<'PY' 2>/dev/null
+# What the venv lacks, one pip requirement a line (nothing when it is complete): the pinned jax, the plugin when
+# one is wanted, the test packages, the CUTLASS headers (found without importing the package, whose Python side
+# needs cuda-python and more).
+missing() {
+  "$VENV/bin/python" - "$JAX_VERSION" "$FLASHJAX_CUDA_MAJOR" "$CUTLASS" <<'PY'
 import importlib.metadata as md, importlib.util, sys
-jax_version, plugin = sys.argv[1], sys.argv[2]
-assert md.version("jax") == jax_version and md.version("jaxlib") == jax_version
-assert not plugin or md.version(plugin) == jax_version
-for module in ("pytest", "xdist", "flatbuffers", "numpy", "cutlass_library"):
-    assert importlib.util.find_spec(module) is not None, module
+jax_version, cuda_major, cutlass = sys.argv[1:]
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+if version("jax") != jax_version or version("jaxlib") != jax_version:
+    print("jax==" + jax_version); print("jaxlib==" + jax_version)
+if cuda_major != "none" and version(f"jax-cuda{cuda_major}-plugin") != jax_version:
+    print(f"jax[cuda{cuda_major}]=={jax_version}")
+for module, requirement in (("pytest", "pytest"), ("xdist", "pytest-xdist"), ("flatbuffers", "flatbuffers"),
+                            ("numpy", "numpy"), ("cutlass_library", cutlass)):
+    if importlib.util.find_spec(module) is None:
+        print(requirement)
 PY
 }
 
-if ! ready; then
+if [ ! -x "$VENV/bin/python" ]; then
+  if [ -n "${FLASHJAX_PYTHON:-}" ]; then PY=$FLASHJAX_PYTHON
+  elif [ "${FLASHJAX_SYSTEM_SITE_PACKAGES:-0}" = 1 ]; then PY=$(command -v python3)  # the Python that has the packages
+  else PY=$(find_python) || { echo "flashjax: needs Python >= 3.12 (jax $JAX_VERSION requires it); none found" >&2; exit 1; }
+  fi
+  "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' ||
+    { echo "flashjax: needs Python >= 3.12 (jax $JAX_VERSION requires it); $PY is $("$PY" -V 2>&1)" >&2; exit 1; }
+  VENV_FLAGS=()
+  [ "${FLASHJAX_SYSTEM_SITE_PACKAGES:-0}" = 1 ] && VENV_FLAGS+=(--system-site-packages)
+  echo "flashjax: creating $VENV with $PY ${VENV_FLAGS[*]:-}"
+  "$PY" -m venv "${VENV_FLAGS[@]}" "$VENV"
+  if [ "${FLASHJAX_SYSTEM_SITE_PACKAGES:-0}" = 1 ]; then
+    # A venv sees its base installation's packages, not those of a venv it was made from: where python3 is itself
+    # in a venv (conda, a container's /opt/.../.venv), its site-packages join through a .pth file.
+    "$PY" -c 'import site, sys; sys.prefix != sys.base_prefix and print("\n".join(site.getsitepackages()))' \
+      > "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/flashjax-parent.pth"
+  fi
+  [ -n "${FLASHJAX_WHEELHOUSE:-}" ] || "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+NEEDED=$(missing)
+if [ -n "$NEEDED" ]; then
   PIP_FLAGS=(-q)
-  if [ -n "${FLASHJAX_WHEELHOUSE:-}" ]; then
-    PIP_FLAGS+=(--no-index --find-links "$FLASHJAX_WHEELHOUSE")
-  fi
-  if [ ! -x "$VENV/bin/python" ]; then
-    PY=$(find_python) || { echo "flashjax: needs Python >= 3.12 (jax $JAX_VERSION requires it); none found" >&2; exit 1; }
-    VENV_FLAGS=()
-    [ "${FLASHJAX_SYSTEM_SITE_PACKAGES:-0}" = 1 ] && VENV_FLAGS+=(--system-site-packages)
-    echo "flashjax: creating $VENV with $PY ${VENV_FLAGS[*]:-}"
-    "$PY" -m venv "${VENV_FLAGS[@]}" "$VENV"
-    [ -n "${FLASHJAX_WHEELHOUSE:-}" ] || "$VENV/bin/python" -m pip install -q --upgrade pip
-  fi
-  echo "flashjax: installing ${PACKAGES[*]} $CUTLASS into $VENV"
-  "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" "${PACKAGES[@]}"
-  # The build reads CUTLASS's headers from this package and nothing else of it, so its Python dependencies
-  # (cuda-python, scipy, networkx, ...) are not installed.
-  "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" --no-deps "$CUTLASS"
-  ready || { echo "flashjax: $VENV is still missing packages after installing" >&2; exit 1; }
+  [ -n "${FLASHJAX_WHEELHOUSE:-}" ] && PIP_FLAGS+=(--no-index --find-links "$FLASHJAX_WHEELHOUSE")
+  echo "flashjax: installing into $VENV:" $NEEDED
+  # The build reads CUTLASS's headers from its package and nothing else of it, so that one goes in without its
+  # Python dependencies (cuda-python, scipy, networkx, ...).
+  OTHERS=$(grep -v "^nvidia-cutlass" <<<"$NEEDED" || true)
+  [ -z "$OTHERS" ] || "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" $OTHERS
+  ! grep -q "^nvidia-cutlass" <<<"$NEEDED" || "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" --no-deps "$CUTLASS"
+  NEEDED=$(missing)
+  [ -z "$NEEDED" ] || { echo "flashjax: $VENV still lacks:" $NEEDED >&2; exit 1; }
 fi
 
 # CMake and Ninja from the system when they are recent enough, else from PyPI into the venv.
