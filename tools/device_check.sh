@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]   stages: build info tests tests_capped tests_packed tests_split tests80 sanitize
-#                                        bench ncu
-#                                        (default: all but build and ncu)
+#   tools/device_check.sh [stage ...]   stages: build info newcomer wheel tests tests_capped tests_packed tests_split
+#                                        tests80 sanitize bench ncu
+#                                        (default: all but build, newcomer, wheel and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
 #   FLASHJAX_SWEEP_N (sweep size; CAPPED_SWEEP_N, PACKED_SWEEP_N, SPLIT_SWEEP_N for those stages; SPLIT_PARTS),
@@ -118,6 +118,69 @@ if stage sanitize; then
     [ $rc -eq 0 ] || tail -5 "$OUT/memcheck_jax.log"
   fi
 fi
+# The install as a newcomer meets it, on this machine, which has no network: a copy of the tree without build
+# outputs, the README's two commands with a venv over python3's packages (jax and its CUDA plugin are there) and the
+# wheels it lacks from WHEELHOUSE (default .devcarry/wheelhouse: nvidia-cutlass).
+WHEELHOUSE=$(realpath -m "${WHEELHOUSE:-.devcarry/wheelhouse}")
+fresh_copy() {  # a copy of the tree as a clone would have it (no builds, venvs or carried files), printed path
+  local dir; dir=$(mktemp -d)/flashjax; mkdir -p "$dir"
+  tar --exclude=./build --exclude='./.venv*' --exclude=./.devcarry --exclude='*.so' --exclude=./bench/out -cf - . |
+    tar -xf - -C "$dir"
+  echo "$dir"
+}
+if stage newcomer; then
+  NEWCOMER=$(fresh_copy)
+  (cd "$NEWCOMER" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
+     tools/demo.sh) > "$OUT/newcomer_demo.log" 2>&1
+  record newcomer_demo "rc $?"
+  grep -E "error|TFLOP|cuDNN|kernel" "$OUT/newcomer_demo.log" | head -20
+  (cd "$NEWCOMER" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
+     timeout "${TEST_TIMEOUT:-1800}" tools/test.sh -p no:cacheprovider) > "$OUT/newcomer_tests.log" 2>&1
+  rc=$?
+  record newcomer_tests "$(grep -E '^[0-9]+ (passed|failed)|tests passed' "$OUT/newcomer_tests.log" | tr '\n' ' ')(rc $rc)"
+fi
+# The release wheel (tools/wheel.sh: every kernel, the release architectures), its size by architecture, then the
+# wheel installed with --no-index in a fresh venv over python3's jax and the GPU tests run against it from outside
+# the checkout. WHEEL_ARCHS overrides the architectures (e.g. "90a-real" for a quicker check of the install alone).
+if stage wheel; then
+  WHEEL_SRC=$(fresh_copy)
+  (cd "$WHEEL_SRC" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
+     FLASHJAX_CUDA_ARCHS="${WHEEL_ARCHS:-release}" FLASHJAX_WHEEL_BUILD_DIR=build/wheel tools/wheel.sh "$OUT/dist") \
+    > "$OUT/wheel.log" 2>&1
+  record wheel "rc $?, $(grep -o 'flashjax_cu.*MB)' "$OUT/wheel.log")"
+  LIB=$WHEEL_SRC/build/wheel/libflashjax.so
+  if [ -f "$LIB" ] && command -v cuobjdump >/dev/null; then
+    # Machine code and PTX by architecture: what the wheel's size is made of.
+    (cd "$(mktemp -d)" && cuobjdump -xelf all "$LIB" >/dev/null 2>&1; cuobjdump -xptx all "$LIB" >/dev/null 2>&1
+     for kind in sm_80 sm_90a sm_100a sm_120 ptx; do
+       files=$(ls | grep -E "\.${kind#ptx}" 2>/dev/null); [ $kind = ptx ] && files=$(ls *.ptx 2>/dev/null)
+       [ -n "$files" ] && echo "$kind: $(cat $files | wc -c | awk '{printf "%.1f MB", $1/1e6}') uncompressed in $(wc -w <<<"$files") files"
+     done) | tee "$OUT/wheel_sizes.txt"
+  fi
+  WHEEL_FILE=$(ls "$OUT"/dist/*.whl 2>/dev/null | head -1)
+  if [ -n "$WHEEL_FILE" ]; then
+    WV=$(mktemp -d)/venv
+    python3 -m venv --system-site-packages "$WV"
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+      > "$("$WV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent.pth"
+    # With its dependencies resolved offline against python3's packages; where pip cannot (jax[cuda13]'s extras
+    # pin CUDA wheels this machine may hold in other versions), without them, and the log says which.
+    if "$WV/bin/python" -m pip install --no-index --find-links "$WHEELHOUSE" "$WHEEL_FILE" > "$OUT/wheel_install.log" 2>&1; then
+      record wheel_install "ok, dependencies resolved offline"
+    else
+      "$WV/bin/python" -m pip install -q --no-index --no-deps "$WHEEL_FILE" >> "$OUT/wheel_install.log" 2>&1
+      record wheel_install "rc $? with --no-deps; with deps: $(grep -m1 -E 'ERROR' "$OUT/wheel_install.log" | cut -c1-160)"
+    fi
+    TESTS=$(mktemp -d); cp -r tests/gpu "$TESTS/gpu"
+    (cd "$TESTS" && env -u PYTHONPATH -u FLASHJAX_LIBRARY "$WV/bin/python" -m flashjax) > "$OUT/wheel_info.log" 2>&1
+    grep -E "^library|CUDA" "$OUT/wheel_info.log"
+    (cd "$TESTS" && env -u PYTHONPATH -u FLASHJAX_LIBRARY timeout "${TEST_TIMEOUT:-1800}" "$WV/bin/python" -m pytest -q \
+       -n "${FLASHJAX_TEST_JOBS:-8}" -p no:cacheprovider gpu) > "$OUT/wheel_tests.log" 2>&1
+    rc=$?
+    record wheel_tests "$(tail -1 "$OUT/wheel_tests.log") (rc $rc)"
+    rm -f "$OUT"/dist/*.whl  # over the size the device tool returns
+  fi
+fi
 if stage bench; then
   for mode in default sm80; do
     FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" $PY bench/bench.py ${BENCH_ARGS:---quick --impls cudnn,flashjax} \
@@ -157,7 +220,7 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info tests_default tests_capped tests_packed tests_split tests_sm80 sanitize memcheck_default memcheck_sm80 \
+for key in build info newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_default tests_capped tests_packed tests_split tests_sm80 sanitize memcheck_default memcheck_sm80 \
            racecheck_default racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
