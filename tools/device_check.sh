@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
 #   tools/device_check.sh [stage ...]   stages: build info newcomer wheel tests tests_capped tests_packed tests_split
-#                                        tests80 sanitize bench ncu
-#                                        (default: all but build, newcomer, wheel and ncu)
+#                                        tests80 tests_jax_newest sanitize bench ncu
+#                                        (default: all but build, newcomer, wheel, tests_jax_newest and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
 #   FLASHJAX_SWEEP_N (sweep size; CAPPED_SWEEP_N, PACKED_SWEEP_N, SPLIT_SWEEP_N for those stages; SPLIT_PARTS),
@@ -181,6 +181,17 @@ if stage wheel; then
     rm -f "$OUT"/dist/*.whl  # over the size the device tool returns
   fi
 fi
+# The GPU tests under another jax than the machine's (the newest of pyproject.toml's range), unpacked from an
+# xz'd tar of its wheels' contents (jax, jaxlib, the CUDA plugin and PJRT) that travels split into parts:
+# JAX_NEWEST_PARTS (default .devcarry/j12*/part, concatenated in name order).
+if stage tests_jax_newest; then
+  SITE=$(mktemp -d)
+  cat ${JAX_NEWEST_PARTS:-.devcarry/j12*/part} | xz -dc | tar -xf - -C "$SITE"
+  version=$(PYTHONPATH="$SITE" $PY -c 'import jax; print(jax.__version__, jax.default_backend())' 2>&1 | tail -1)
+  echo "jax under test: $version"
+  PYTHONPATH="$SITE:$PYTHONPATH" run_gpu_tests default jax_newest
+  RESULT[tests_jax_newest]="jax $version: ${RESULT[tests_jax_newest]}"
+fi
 if stage bench; then
   for mode in default sm80; do
     FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" $PY bench/bench.py ${BENCH_ARGS:---quick --impls cudnn,flashjax} \
@@ -220,7 +231,7 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_default tests_capped tests_packed tests_split tests_sm80 sanitize memcheck_default memcheck_sm80 \
+for key in build info newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_jax_newest tests_default tests_capped tests_packed tests_split tests_sm80 sanitize memcheck_default memcheck_sm80 \
            racecheck_default racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"

@@ -8,6 +8,7 @@
 #   3. auditwheel reads the glibc symbol versions and libraries the library needs: the wheel gets the manylinux tag
 #      that this build satisfies, and fails if it needs any library beyond the manylinux policy's (libc, libm, ...).
 #   FLASHJAX_CUDA_ARCHS, FLASHJAX_KERNEL_SET   as for tools/build.sh (default here: release, full)
+#   FLASHJAX_MANYLINUX_LINK=OFF                link against this machine's glibc instead of 2.28's (tag from it)
 #   FLASHJAX_WHEEL_BUILD_DIR=DIR              keep the CMake build there (incremental rebuilds) instead of a temporary one
 #   FLASHJAX_WHEELHOUSE=DIR                   offline: where scikit-build-core and auditwheel come from, if missing
 set -euo pipefail
@@ -30,6 +31,14 @@ sed -i -e "s/^name = \"flashjax-cu13\"/name = \"$NAME\"/" -e "s/jax\[cuda13\]/ja
 grep -q "^name = \"$NAME\"" "$STAGE/pyproject.toml" || { echo "flashjax: could not name the package $NAME" >&2; exit 1; }
 
 export FLASHJAX_CUDA_ARCHS=${FLASHJAX_CUDA_ARCHS:-release} FLASHJAX_KERNEL_SET=${FLASHJAX_KERNEL_SET:-full}
+# Linked against glibc 2.28's ABI (cmake/manylinux_link.cmake), so that the wheel installs on RHEL 8 and newer; the
+# link directory is made once into build/glibc228 (ziglang and deb.debian.org) or given by FLASHJAX_GLIBC228_DIR.
+export FLASHJAX_MANYLINUX_LINK=${FLASHJAX_MANYLINUX_LINK:-ON}
+export FLASHJAX_GLIBC228_DIR=$(realpath -m "${FLASHJAX_GLIBC228_DIR:-$ROOT/build/glibc228}")
+if [ "$FLASHJAX_MANYLINUX_LINK" = ON ] && [ ! -f "$FLASHJAX_GLIBC228_DIR/libc.so.6" ]; then
+  "$VENV/bin/python" -c 'import ziglang' 2>/dev/null || "$VENV/bin/python" -m pip install "${PIP_FLAGS[@]}" ziglang==0.17.1
+  ZIG_PYTHON="$VENV/bin/python" tools/make_glibc228_libdir.sh "$FLASHJAX_GLIBC228_DIR"
+fi
 export CMAKE_BUILD_PARALLEL_LEVEL=${FLASHJAX_BUILD_JOBS:-$(nproc)}
 BUILD_FLAGS=()
 [ -n "${FLASHJAX_WHEEL_BUILD_DIR:-}" ] && BUILD_FLAGS+=(-C "build-dir=$(realpath -m "$FLASHJAX_WHEEL_BUILD_DIR")")
@@ -41,7 +50,10 @@ RAW=$(ls "$STAGE"/raw/*.whl)
 # The manylinux tag this build satisfies, as auditwheel reads it off the library's glibc symbol versions.
 SHOW=$("$VENV/bin/python" -m auditwheel show "$RAW")
 PLATFORM=$(sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p' <<<"${SHOW//$'\n'/ }")
-[[ $PLATFORM == manylinux_* ]] || { echo "$SHOW" >&2; echo "flashjax: the library is not manylinux-compatible" >&2; exit 1; }
+[[ $PLATFORM =~ ^manylinux_2_([0-9]+)_x86_64$ ]] ||
+  { echo "$SHOW" >&2; echo "flashjax: the library is not manylinux-compatible" >&2; exit 1; }
+# The glibc 2.28 link promises 2_28 (the policy we build for) even where this build happens to need less.
+(( BASH_REMATCH[1] > 28 )) || PLATFORM=manylinux_2_28_x86_64
 mkdir -p "$DIST"
 "$VENV/bin/python" -m wheel tags --remove --platform-tag "$PLATFORM" "$RAW" >/dev/null
 WHEEL=$(ls "$STAGE"/raw/*.whl)

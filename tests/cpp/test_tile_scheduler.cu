@@ -6,12 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "kernels/sm90/fwd_tile_scheduler.cuh"
 
 namespace flashjax::sm90 {
 namespace {
+
+// Spelled out: CUDA 12.4's front end cannot deduce a braced list of pairs in a range-for (13.0's and g++'s can).
+using IntPairs = std::initializer_list<std::pair<int, int>>;
 
 // The tile most calls take; EveryTileOnceForEveryShape also walks D = 64's 192-row tile.
 constexpr int kBlockM = 128;
@@ -106,8 +111,8 @@ TEST(Sm90TileScheduler, EveryTileOnceForEveryShape) {
   for (int sms : {132, 114, 7, 1}) {
     for (int sq : {1, 77, 128, 129, 1000, 4096}) {
       for (int sk : {1, 300, 4096}) {
-        for (auto [left, right] : {std::pair{-1, -1}, {-1, 0}, {256, 0}, {0, 0}, {100, 300}}) {
-          for (auto [batch, heads] : {std::pair{1, 1}, {2, 3}, {4, 16}}) {
+        for (auto [left, right] : IntPairs{{-1, -1}, {-1, 0}, {256, 0}, {0, 0}, {100, 300}}) {
+          for (auto [batch, heads] : IntPairs{{1, 1}, {2, 3}, {4, 16}}) {
             walk_all(make_shape(batch, heads, sq, sk, left, right), sms);
             walk_all<192, 128>(make_shape(batch, heads, sq, sk, left, right), sms);
           }
@@ -152,7 +157,7 @@ TEST(Sm90TileScheduler, CausalWorkIsBalanced) {
 
 // Left-only windows (the first rows are the heavy ones) and windows with both sides are planned as well.
 TEST(Sm90TileScheduler, WindowWorkIsBalanced) {
-  for (auto [left, right] : {std::pair{1024, 0}, {-1, 1024}, {2048, 512}}) {
+  for (auto [left, right] : IntPairs{{1024, 0}, {-1, 1024}, {2048, 512}}) {
     const Walk w = walk_all(make_shape(2, 16, 8192, 8192, left, right), 132);
     EXPECT_TRUE(w.planned);
     EXPECT_LE(w.max_work, balanced_bound(w)) << "window (" << left << ", " << right << ")";
@@ -177,7 +182,7 @@ TEST(Sm90TileScheduler, PackedGqaCoversEveryRowOnce) {
   for (int sms : {132, 7, 1}) {
     for (int sq : {1, 7, 8, 9, 77, 129, 1000}) {
       for (int sk : {1, 300, 4096}) {
-        for (auto [left, right] : {std::pair{-1, -1}, {-1, 0}, {256, 0}}) {
+        for (auto [left, right] : IntPairs{{-1, -1}, {-1, 0}, {256, 0}}) {
           for (int group : {2, 3, 4, 8, 16}) {
             walk_all(make_shape(2, 2 * group, sq, sk, left, right), sms, group);
             walk_all<192, 128>(make_shape(1, group, sq, sk, left, right), sms, group);

@@ -45,7 +45,8 @@ def wheel(tmp_path_factory):
 
 def test_wheel_is_named_and_tagged_for_its_cuda_major(wheel):
     path, major = wheel
-    match = re.fullmatch(rf"flashjax_cu{major}-{flashjax.__version__}-py3-none-manylinux_2_(\d+)_x86_64\.whl",
+    # Linked against glibc 2.28's ABI (cmake/manylinux_link.cmake): installable on RHEL 8 and newer.
+    match = re.fullmatch(rf"flashjax_cu{major}-{flashjax.__version__}-py3-none-manylinux_2_(28)_x86_64\.whl",
                          path.name)
     assert match, path.name
     with zipfile.ZipFile(path) as z:
@@ -71,6 +72,11 @@ def test_wheel_library_needs_only_what_manylinux_allows(wheel, tmp_path):
                              capture_output=True, text=True).stdout
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic))
     assert needed and needed <= ALLOWED_NEEDED, needed
+    if shutil.which("objdump"):
+        symbols = subprocess.run(["objdump", "-T", str(tmp_path / "flashjax" / "libflashjax.so")], check=True,
+                                 capture_output=True, text=True).stdout
+        versions = {tuple(map(int, v.split("."))) for v in re.findall(r"GLIBC_(\d+\.\d+(?:\.\d+)?)", symbols)}
+        assert versions and max(versions) <= (2, 28), sorted(versions)[-3:]
 
 
 def test_installed_wheel_runs_from_outside_the_checkout(wheel, tmp_path):
