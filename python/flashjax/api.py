@@ -41,6 +41,18 @@ def _fail(cls, name, value, expected):
     raise cls(f"flashjax: {name} must be {expected}, got {value!r}")
 
 
+def _require_static(name, value, expected, convert="float(x)"):
+    """Options fixed when the call is traced (compile-time constants of the kernels, the plan's inputs) must be Python
+    values: a jax or numpy array, traced or not, gets a TypeError that says so instead of a complaint about its value.
+    `convert` says how to turn a concrete array x into the Python value."""
+    if isinstance(value, jax.core.Tracer):
+        _fail(TypeError, name, value, f"{expected} (a static value: it is fixed when the call is traced, so it cannot "
+              "be a traced value; pass a Python constant, e.g. through jax.jit's static_argnames)")
+    if isinstance(value, (jax.Array, np.ndarray)):
+        _fail(TypeError, name, value, f"{expected} (a static value, not an array: convert a concrete one with "
+              f"{convert})")
+
+
 def _shape_of(name, x, rank, what):
     shape = getattr(x, "shape", None)
     if shape is None:
@@ -68,44 +80,91 @@ def _check_heads(q_heads, k_heads, v_heads, head_dim, k_head_dim, v_head_dim):
         _fail(ValueError, "number of value heads", v_heads, f"the key heads ({k_heads})")
     if k_head_dim != head_dim:
         _fail(ValueError, "k's head dim", k_head_dim, f"q's head dim ({head_dim})")
+    # Any width runs: the kernel path zero-pads q, k and v to the next compiled width (docs/design.md §1).
     for name, d in (("q's head dim", head_dim), ("v's head dim", v_head_dim)):
-        if d <= 0 or d % 8 != 0 or d > _MAX_HEAD_DIM:
-            _fail(ValueError, name, d, f"a positive multiple of 8 up to {_MAX_HEAD_DIM}")
+        if d <= 0 or d > _MAX_HEAD_DIM:
+            _fail(ValueError, name, d, f"between 1 and {_MAX_HEAD_DIM}")
 
 
 def _check_options(*, causal, window_size, softmax_scale, sinks, softcap, mask_mod, return_lse, deterministic,
                    backend, head_dim, heads_q) -> Options:
     for name, value in (("causal", causal), ("return_lse", return_lse), ("deterministic", deterministic)):
+        _require_static(name, value, "a Python bool", "bool(x)")
         if not isinstance(value, (bool, np.bool_)):
             _fail(TypeError, name, value, "a bool")
+    _require_static("window_size", window_size, "a pair of Python ints (left, right)", "tuple(int(w) for w in x)")
+    if isinstance(window_size, (tuple, list)):
+        for side, w in zip(("left", "right"), window_size):
+            _require_static(f"window_size's {side} bound", w, "a Python int >= -1", "int(x)")
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window_size)):
         _fail(ValueError, "window_size", window_size, "a pair of ints (left, right)")
     if any(w < -1 for w in window_size):
         _fail(ValueError, "window_size", window_size, "ints >= -1 (-1 leaves that side unbounded)")
     if softmax_scale is None:
-        softmax_scale = 1.0 / float(np.sqrt(head_dim))
-    elif not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, bool):
-        _fail(TypeError, "softmax_scale", softmax_scale, "a Python float (a static value) or None")
-    elif not np.isfinite(softmax_scale) or softmax_scale <= 0:
-        # The kernels take the running max on unscaled scores, which is only order-preserving for a positive scale.
-        _fail(ValueError, "softmax_scale", softmax_scale, "a finite float > 0")
-    if not isinstance(softcap, numbers.Real) or not np.isfinite(softcap) or softcap < 0:
+        softmax_scale = 1.0 / float(np.sqrt(head_dim))  # the caller's head dim, not the padded one
+    else:
+        _require_static("softmax_scale", softmax_scale, "a Python float > 0 or None")
+        if not isinstance(softmax_scale, numbers.Real) or isinstance(softmax_scale, (bool, np.bool_)):
+            _fail(TypeError, "softmax_scale", softmax_scale, "a Python float (a static value) or None")
+        if not np.isfinite(softmax_scale) or softmax_scale <= 0:
+            # The kernels take the running max on unscaled scores, which is only order-preserving for a positive scale.
+            _fail(ValueError, "softmax_scale", softmax_scale, "a finite float > 0")
+    _require_static("softcap", softcap, "a Python float >= 0")
+    if not isinstance(softcap, numbers.Real) or isinstance(softcap, (bool, np.bool_)):
+        _fail(TypeError, "softcap", softcap, "a Python float >= 0 (0 disables it), not a bool")
+    if not np.isfinite(softcap) or softcap < 0:
         _fail(ValueError, "softcap", softcap, "a finite float >= 0 (0 disables it)")
     if sinks is not None:
-        shape = getattr(sinks, "shape", None)
-        if shape is None:
-            _fail(TypeError, "sinks", type(sinks).__name__, "an array")
-        if tuple(shape) != (heads_q,):
-            _fail(ValueError, "sinks.shape", tuple(shape), f"({heads_q},), one logit per query head")
-        if jnp.dtype(sinks.dtype) != jnp.dtype(jnp.float32):
-            _fail(TypeError, "sinks.dtype", str(sinks.dtype), "float32")
+        _check_sinks(sinks, heads_q)
     if mask_mod is not None and not isinstance(mask_mod, MaskMod):
-        _fail(TypeError, "mask_mod", type(mask_mod).__name__, "a flashjax.MaskMod or None")
+        hint = ""
+        if isinstance(mask_mod, type) and issubclass(mask_mod, MaskMod):
+            hint = " (an instance: call the class)"
+        elif callable(mask_mod) and getattr(mask_mod, "__module__", None) == "flashjax.masks":
+            hint = f" (call the factory: mask_mod={mask_mod.__name__}(...))"
+        _fail(TypeError, "mask_mod", type(mask_mod).__name__, f"a flashjax.MaskMod or None{hint}")
     if backend not in BACKENDS:
         _fail(ValueError, "backend", backend, f"one of {BACKENDS}")
     return Options(bool(causal), (int(window_size[0]), int(window_size[1])), float(softmax_scale), float(softcap),
                    mask_mod, bool(deterministic), backend)
+
+
+def _check_sinks(sinks, heads_q):
+    shape = getattr(sinks, "shape", None)
+    if shape is None:
+        _fail(TypeError, "sinks", type(sinks).__name__, "an array")
+    if tuple(shape) != (heads_q,):
+        _fail(ValueError, "sinks.shape", tuple(shape), f"({heads_q},), one logit per query head")
+    if jnp.dtype(sinks.dtype) != jnp.dtype(jnp.float32):
+        _fail(TypeError, "sinks.dtype", str(sinks.dtype), "float32")
+    # Concrete sinks (not traced: eager calls, constants under jit) are read here, so a NaN is caught before
+    # anything runs; a traced NaN propagates into its head's out and lse instead (docs/design.md §2.4).
+    if (isinstance(sinks, (jax.Array, np.ndarray)) and not isinstance(sinks, jax.core.Tracer)
+            and getattr(sinks, "is_fully_addressable", True)):
+        nan_heads = np.flatnonzero(np.isnan(np.asarray(sinks)))
+        if nan_heads.size:
+            _fail(ValueError, f"sinks at query heads {nan_heads.tolist()}", np.asarray(sinks)[nan_heads].tolist(),
+                  "logits that are not NaN (-inf: the head has no sink; +inf: all weight on the sink)")
+
+
+def _check_mask_mod(mask_mod, *, batch, heads, seqlen_q, seqlen_k, index_shapes, target):
+    """The mod's own shape checks (MaskMod.check_shapes), then its predicate evaluated abstractly on index arrays of
+    the shapes the reference passes: it must return bool, broadcastable to `target`."""
+    mask_mod.static_key()  # static() fields must be hashable (jit's cache keys on them): names the field if not
+    mask_mod.check_shapes(batch=batch, heads=heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    name = f"mask_mod {type(mask_mod).__qualname__}"
+    indices = [jax.ShapeDtypeStruct(shape, jnp.int32) for shape in index_shapes]
+    result = jax.eval_shape(lambda mod, *idx: mod(*idx), mask_mod, *indices)
+    if not isinstance(result, jax.ShapeDtypeStruct):
+        _fail(TypeError, f"{name}'s result", type(result).__name__, "one bool array")
+    expected = f"broadcastable to {tuple(target)} (b {index_shapes[0]}, h {index_shapes[1]}, q_idx " \
+               f"{index_shapes[2]}, kv_idx {index_shapes[3]})"
+    if jnp.dtype(result.dtype) != jnp.dtype(jnp.bool_):
+        _fail(TypeError, f"{name}'s result dtype", str(result.dtype), "bool (a predicate: compare, e.g. kv_idx <= q_idx)")
+    shape = tuple(result.shape)
+    if len(shape) > len(target) or any(d not in (1, t) for d, t in zip(shape[::-1], target[::-1])):
+        _fail(ValueError, f"{name}'s result shape", shape, expected)
 
 
 def _check_offsets(name, x, length=None):
@@ -124,7 +183,10 @@ def _check_offsets(name, x, length=None):
 
 
 def _check_hint(name, value):
-    if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0):
+    if value is None:
+        return
+    _require_static(name, value, "a non-negative Python int or None", "int(x)")
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
         _fail(ValueError, name, value, "a non-negative int or None")
 
 
@@ -227,6 +289,10 @@ def _dense_call(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=No
     options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
                              softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
                              backend=backend, head_dim=q_shape[3], heads_q=q_shape[2])
+    if mask_mod is not None:
+        b, sq, h, sk = q_shape[0], q_shape[1], q_shape[2], k_shape[1]
+        _check_mask_mod(mask_mod, batch=b, heads=h, seqlen_q=sq, seqlen_k=sk,
+                        index_shapes=[(b, 1, 1, 1), (1, h, 1, 1), (1, 1, sq, 1), (1, 1, 1, sk)], target=(b, h, sq, sk))
     return Call(q.dtype, q_shape[0], q_shape[1], k_shape[1], q_shape[2], k_shape[2], max(q_shape[3], v_shape[3]),
                 v_shape[3], sinks is not None, False, options)
 
@@ -242,9 +308,12 @@ def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_
     if v_shape[0] != k_shape[0]:
         _fail(ValueError, "v.shape[0]", v_shape[0], f"k's token count ({k_shape[0]})")
     _check_heads(q_shape[1], k_shape[1], v_shape[1], q_shape[2], k_shape[2], v_shape[2])
+    for name, offsets in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if offsets is None:
+            _fail(TypeError, name, None, "an int32 array of shape [N + 1] (the offsets of the N packed sequences)")
     n_q = _check_offsets("cu_seqlens_q", cu_seqlens_q)
     n_k = _check_offsets("cu_seqlens_k", cu_seqlens_k)
-    if n_q is None or n_q < 1:
+    if n_q < 1:
         _fail(ValueError, "cu_seqlens_q", cu_seqlens_q, "an int32 [N + 1] array with N >= 0")
     if n_k != n_q:
         _fail(ValueError, "cu_seqlens_k.shape", (n_k,), f"cu_seqlens_q's shape ({n_q},)")
@@ -255,6 +324,11 @@ def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_
     options = _check_options(causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
                              softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
                              backend=backend, head_dim=q_shape[2], heads_q=q_shape[1])
+    if mask_mod is not None:
+        # Sequence-local indices, b = each row's sequence (reference.attention_varlen): the lengths are run-time data.
+        tq, h, tk = q_shape[0], q_shape[1], k_shape[0]
+        _check_mask_mod(mask_mod, batch=n_q - 1, heads=h, seqlen_q=None, seqlen_k=None,
+                        index_shapes=[(1, 1, tq, 1), (1, h, 1, 1), (1, 1, tq, 1), (1, 1, 1, tk)], target=(1, h, tq, tk))
     return Call(q.dtype, n_q - 1, q_shape[0], k_shape[0], q_shape[1], k_shape[1], max(q_shape[2], v_shape[2]),
                 v_shape[2], sinks is not None, True, options)
 
@@ -267,12 +341,15 @@ def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=Non
     Args:
       q: [B, Sq, Hq, D] bfloat16 or float16 (float32 too with backend="reference").
       k: [B, Sk, Hk, D], same dtype; Hq must be a multiple of Hk (grouped-query attention).
-      v: [B, Sk, Hk, Dv], same dtype. D and Dv are multiples of 8 up to 256.
+      v: [B, Sk, Hk, Dv], same dtype. D and Dv are any widths from 1 to 256 (the kernels zero-pad them to the next
+        compiled width, 64, 96, 128, 192 or 256, and slice the output back).
       causal: bottom-right aligned causal mask (the last query sees the last key).
       window_size: (left, right) local band, bottom-right aligned; -1 leaves a side unbounded. With causal=True
         the left bound is kept and right is forced to 0.
       softmax_scale: multiplies q·k (a finite Python float > 0); defaults to 1/sqrt(D).
-      sinks: optional float32 [Hq]: one learned logit per query head joining every row's softmax denominator.
+      sinks: optional float32 [Hq]: one learned logit per query head joining every row's softmax denominator;
+        -inf is no sink, +inf puts all the weight on the sink (out 0, lse +inf). A concrete NaN raises; a traced one
+        makes its head's out and lse NaN.
       softcap: if > 0, scores become softcap * tanh(scores / softcap) before masking.
       mask_mod: optional flashjax.MaskMod, evaluated on raw (top-left) indices and ANDed with causal/window.
       return_lse: also return the log-sum-exp [B, Hq, Sq] float32 (sink term included).

@@ -11,8 +11,11 @@ index. Every subclass is registered as a JAX pytree on definition:
 - every other field is a pytree leaf: runtime data, so a new value (e.g. new
   document ids) reuses the compiled function and kernel.
 
-The predicate must broadcast: the reference evaluates it with index arrays of
-shapes such as b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1], kv_idx [1,1,1,Sk].
+The predicate must broadcast and return bool: the reference evaluates it with
+index arrays of shapes such as b [B,1,1,1], h [1,H,1,1], q_idx [1,1,Sq,1],
+kv_idx [1,1,1,Sk], and the call checks its result abstractly (jax.eval_shape)
+at trace time. Array fields indexed by batch or position should be checked
+against the call in :meth:`MaskMod.check_shapes`.
 """
 
 from __future__ import annotations
@@ -105,6 +108,15 @@ class MaskMod:
                 ) from e
         return (f"{type(self).__module__}.{type(self).__qualname__}", values)
 
+    def check_shapes(self, *, batch: int, heads: int, seqlen_q: int | None, seqlen_k: int | None) -> None:
+        """Raises ValueError where this mod's array fields do not fit a call; the call runs it at trace time.
+
+        batch is B (dense) or N, the number of sequences (varlen); seqlen_q/seqlen_k are the dense call's lengths,
+        None in varlen (sequence lengths are run-time data there). The default checks nothing: a subclass with
+        per-batch or per-position arrays overrides it, since an index past an array's end would be clamped by
+        jnp indexing instead of failing. The call also checks what the predicate returns (bool, broadcastable).
+        """
+
     def dense(self, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> jax.Array:
         """Evaluates the predicate for every (b, h, q_idx, kv_idx): bool [B, H, Sq, Sk]."""
         b = jnp.arange(batch, dtype=jnp.int32).reshape(batch, 1, 1, 1)
@@ -155,6 +167,18 @@ def _as_int32_array(value, *, name: str, ndim: int, shape_doc: str) -> jax.Array
     return jnp.asarray(value, dtype=jnp.int32)
 
 
+def _check_batch_rows(mod: MaskMod, field: str, shape: tuple, batch: int, rest: str = "") -> None:
+    """A per-batch array field has `batch` rows, or one row that serves every batch entry."""
+    if shape[0] not in (batch, 1):
+        expected = f"({batch}{rest})" + (f", or (1{rest}) for one row shared by every batch entry" if batch != 1 else "")
+        raise ValueError(f"flashjax: {type(mod).__qualname__}.{field}.shape must be {expected}, got {shape}")
+
+
+def _batch_row(field: jax.Array, b):
+    """The row of a per-batch field for batch index b: row b, or row 0 of a one-row field (shared by the batch)."""
+    return jnp.zeros_like(b) if field.shape[0] == 1 else b
+
+
 def _non_negative_int(value, *, name: str) -> int:
     if isinstance(value, bool):
         raise TypeError(f"{name} must be a non-negative Python int, got {value!r}")
@@ -185,7 +209,11 @@ class DocumentMask(MaskMod):
 
     ``doc_ids`` int32 [B, S] labels the tokens of each batch row (in varlen, of
     each sequence, with sequence-local token positions); the same ids label
-    queries and keys, so S must cover both lengths.
+    queries and keys, so S must cover both lengths. [1, S] serves every batch
+    row. Dense calls check the shape at trace time (B or 1 rows, S >= max(Sq,
+    Sk)); in varlen the row count is checked against N and a position past S
+    (a sequence longer than the ids, run-time data) is in no document: it sees
+    no key and no query sees it.
     """
 
     doc_ids: jax.Array
@@ -195,8 +223,24 @@ class DocumentMask(MaskMod):
             self, "doc_ids", _as_int32_array(self.doc_ids, name="doc_ids", ndim=2, shape_doc="[batch, seqlen]")
         )
 
+    def check_shapes(self, *, batch, heads, seqlen_q, seqlen_k):
+        shape = tuple(self.doc_ids.shape)
+        if seqlen_q is None:  # varlen: the positions are run-time data
+            _check_batch_rows(self, "doc_ids", shape, batch, ", S")
+            return
+        need = max(seqlen_q, seqlen_k)
+        _check_batch_rows(self, "doc_ids", shape, batch, f", S >= {need}")
+        if shape[1] < need:
+            raise ValueError(
+                f"flashjax: {type(self).__qualname__}.doc_ids.shape must be ({shape[0]}, S) with S >= {need} (an id "
+                f"for every position of the longer of q ({seqlen_q}) and k ({seqlen_k})), got {shape}"
+            )
+
     def __call__(self, b, h, q_idx, kv_idx):
-        return self.doc_ids[b, q_idx] == self.doc_ids[b, kv_idx]
+        length = self.doc_ids.shape[1]
+        row = _batch_row(self.doc_ids, b)
+        same = self.doc_ids[row, q_idx] == self.doc_ids[row, kv_idx]
+        return same & (q_idx < length) & (kv_idx < length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +266,8 @@ class SlidingWindowMask(MaskMod):
 class PrefixLMMask(MaskMod):
     """Prefix LM: every query sees the first ``prefix_len[b]`` keys, and is causal (top-left) after.
 
-    ``prefix_len`` int32 [B] (in varlen, one entry per sequence).
+    ``prefix_len`` int32 [B] (in varlen, one entry per sequence), or [1] for
+    every batch row; the call checks the shape at trace time.
     """
 
     prefix_len: jax.Array
@@ -232,8 +277,11 @@ class PrefixLMMask(MaskMod):
             self, "prefix_len", _as_int32_array(self.prefix_len, name="prefix_len", ndim=1, shape_doc="[batch]")
         )
 
+    def check_shapes(self, *, batch, heads, seqlen_q, seqlen_k):
+        _check_batch_rows(self, "prefix_len", tuple(self.prefix_len.shape), batch, ",")
+
     def __call__(self, b, h, q_idx, kv_idx):
-        return (kv_idx < self.prefix_len[b]) | (kv_idx <= q_idx)
+        return (kv_idx < self.prefix_len[_batch_row(self.prefix_len, b)]) | (kv_idx <= q_idx)
 
 
 def causal_mask() -> CausalMask:

@@ -203,11 +203,17 @@ def _attend(q_rows, k, v, visible, *, row_valid, sinks, softmax_scale: float, so
     visible = jnp.broadcast_to(visible, scores.shape)
 
     row_max = jnp.max(jnp.where(visible, scores, -jnp.inf), axis=-1, keepdims=True, initial=-jnp.inf)
-    sink_present = None
+    has_key = jnp.any(visible, axis=-1, keepdims=True)
+    sink_takes_all = None
     if sinks is not None:
         sink_logit = jnp.broadcast_to(sinks.astype(_COMPUTE_DTYPE)[None, :, None, None], row_max.shape)
         sink_present = jnp.broadcast_to(True if row_valid is None else row_valid, row_max.shape)
-        row_max = jnp.maximum(row_max, jnp.where(sink_present, sink_logit, -jnp.inf))
+        # §2.4: a +inf sink takes all the weight (out 0, lse +inf). Such rows are computed as if they had no sink and
+        # replaced at the end, so that no inf - inf forms in values or derivatives. A -inf sink is no sink; a NaN
+        # sink flows through (jnp.maximum keeps NaN) into the denominator, so lse and out become NaN.
+        sink_takes_all = sink_present & (sink_logit == jnp.inf)
+        sink_logit = jnp.where(sink_present & ~sink_takes_all, sink_logit, -jnp.inf)
+        row_max = jnp.maximum(row_max, sink_logit)
     # The shift only keeps exp in range; lse and out do not depend on it, so
     # no gradient flows through it. Empty rows (max = -inf) shift by 0.
     shift = lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
@@ -215,14 +221,22 @@ def _attend(q_rows, k, v, visible, *, row_valid, sinks, softmax_scale: float, so
     probs_unnormalized = jnp.exp(jnp.where(visible, scores - shift, -jnp.inf))
     denominator = jnp.sum(probs_unnormalized, axis=-1, keepdims=True)
     if sinks is not None:
-        denominator = denominator + jnp.exp(jnp.where(sink_present, sink_logit - shift, -jnp.inf))
+        denominator = denominator + jnp.exp(sink_logit - shift)
 
     # Double where: rows with nothing in the denominator take log/divide of 1
-    # so that no inf or NaN appears in either branch or its derivative.
-    has_mass = denominator > 0
+    # so that no inf or NaN appears in either branch or its derivative. A NaN
+    # denominator (a NaN sink or NaN scores) is not "nothing": its NaN reaches
+    # lse as it reaches out. Rows with no visible key divide by 1 instead, so
+    # their out stays 0 whatever the sink is (lse = the sink, §2.5).
+    has_mass = ~(denominator <= 0)
     safe_denominator = jnp.where(has_mass, denominator, 1.0)
     lse = jnp.where(has_mass, shift + jnp.log(safe_denominator), -jnp.inf)
+    probs = probs_unnormalized / jnp.where(has_key, safe_denominator, 1.0)
+    if sink_takes_all is not None:
+        # d lse / d sink = 1 in these rows (lse = sink), the limit of p_sink = 1 in §2.4's gradient.
+        lse = jnp.where(sink_takes_all, sinks.astype(_COMPUTE_DTYPE)[None, :, None, None], lse)
+        probs = jnp.where(sink_takes_all, 0.0, probs)
 
-    probs = (probs_unnormalized / safe_denominator).reshape(batch, heads_k, group, rows, k.shape[1])
+    probs = probs.reshape(batch, heads_k, group, rows, k.shape[1])
     out = jnp.einsum("bhgck,bkhd->bchgd", probs, v, precision=lax.Precision.HIGHEST)
     return out.reshape(batch, rows, heads_q, v.shape[-1]), lse[..., 0]

@@ -33,6 +33,15 @@ def band(seqlen_q: int, seqlen_k: int, causal: bool, window: tuple[int, int]) ->
 
 def _row(q_row, keys, values, sink, scale, softcap, d_out, d_lse):
     """One softmax row over its visible keys: (out, lse, dq, dkeys, dvalues, dsink)."""
+    if sink is not None and sink == -np.inf:  # §2.4: a -inf sink is no sink (its gradient is 0)
+        return _row(q_row, keys, values, None, scale, softcap, d_out, d_lse)
+    if sink is not None and sink == np.inf:  # all the weight on the sink: out 0, lse = sink, d lse / d sink = 1
+        return (np.zeros(values.shape[1]), np.inf, np.zeros_like(q_row), np.zeros_like(keys),
+                np.zeros_like(values), float(d_lse))
+    if sink is not None and np.isnan(sink):  # NaN in the denominator: lse NaN; out NaN where a key is visible
+        nan = np.nan if keys.shape[0] else 0.0
+        return (np.full(values.shape[1], nan), np.nan, np.full_like(q_row, nan), np.full_like(keys, np.nan),
+                np.full_like(values, np.nan), np.nan)
     raw = scale * (keys @ q_row)
     logits = softcap * np.tanh(raw / softcap) if softcap > 0 else raw
     all_logits = logits if sink is None else np.append(logits, sink)

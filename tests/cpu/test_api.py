@@ -77,10 +77,10 @@ def test_value_heads_match_key_heads():
         flashjax.flash_attn(q, k, v)
 
 
-@pytest.mark.parametrize("d", [12, 264])
-def test_head_dim_multiple_of_8_up_to_256(d):
+@pytest.mark.parametrize("d", [0, 264])
+def test_head_dim_from_1_up_to_256(d):
     q, k, v = _qkv(d=d)
-    with _raises(ValueError, "q's head dim", str(d), "multiple of 8 up to 256"):
+    with _raises(ValueError, "q's head dim", str(d), "between 1 and 256"):
         flashjax.flash_attn(q, k, v)
 
 
@@ -92,8 +92,8 @@ def test_key_head_dim_matches_query():
 
 
 def test_value_head_dim_rules():
-    q, k, v = _qkv(d=32, dv=20)
-    with _raises(ValueError, "v's head dim", "20", "multiple of 8"):
+    q, k, v = _qkv(d=32, dv=257)
+    with _raises(ValueError, "v's head dim", "257", "between 1 and 256"):
         flashjax.flash_attn(q, k, v)
 
 
@@ -124,7 +124,7 @@ def test_window_size_lower_bound():
         flashjax.flash_attn(q, k, v, window_size=(-2, 0))
 
 
-@pytest.mark.parametrize("softcap", [-1.0, float("nan"), "x"])
+@pytest.mark.parametrize("softcap", [-1.0, float("nan")])
 def test_softcap(softcap):
     q, k, v = _qkv()
     with _raises(ValueError, "softcap", ">= 0"):
@@ -327,7 +327,7 @@ def test_explain_checks_its_arguments_as_the_call_does():
         ((q, kv, kv), dict(sinks=spec((7,), jnp.float32))),
         ((q, kv, kv), dict(backend="fast")),
         ((q, kv, kv), dict(return_lse="yes")),
-        ((spec((1, 128, 8, 60), jnp.bfloat16),) * 3, {}),
+        ((spec((1, 128, 8, 264), jnp.bfloat16),) * 3, {}),
         ((spec((1, 128, 8, 64), jnp.float32), kv, kv), {}),
     ]
     for args, keywords in bad_calls:

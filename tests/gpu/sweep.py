@@ -53,8 +53,10 @@ def _length(rng):
 def random_config(rng) -> Config:
     heads_k = int(rng.choice([1, 2, 4]))
     ratio = int(rng.choice([1, 2, 4, 8]))
-    head_dim = int(rng.integers(1, 33)) * 8
-    head_dim_v = head_dim if rng.random() < 0.8 else int(rng.integers(1, 33)) * 8
+    def width():  # any width 1..256 (padded to a compiled one by the library), a multiple of 8 three times in four
+        return int(rng.integers(1, 33)) * 8 if rng.random() < 0.75 else int(rng.integers(1, 257))
+    head_dim = width()
+    head_dim_v = head_dim if rng.random() < 0.8 else width()
     seqlen_q, seqlen_k = _length(rng), _length(rng)
     batch = int(rng.integers(1, 5))
     # Keep each case small enough that the f32 reference (which materializes scores) stays fast.

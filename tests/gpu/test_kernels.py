@@ -2,7 +2,7 @@
 
 The sweep draws FLASHJAX_SWEEP_N configurations (default 320) from a fresh seed each run (printed, and settable
 with FLASHJAX_SWEEP_SEED to replay a failure): ragged lengths, Sq != Sk both ways, empty sequences, GQA ratios,
-head dims 8..256 (padded inside the library), causal, windows (wider than the sequence, and narrow enough to empty
+head dims 1..256 (any width, padded inside the library), causal, windows (wider than the sequence, and narrow enough to empty
 rows), sinks, softcap, both dtypes, cotangents on out and lse.
 """
 import os
@@ -397,6 +397,102 @@ def _alternating_queries(factor):
 def test_rows_of_one_thread_far_apart(cfg, factor):
     _assert_fixed_case_matches(cfg, FAR_APART_ROWS_CASES, 60_000 + int(factor) * 100,
                                query_scale=_alternating_queries(factor))
+
+
+# Head dims that are not a multiple of 8 (issue 35 item 7): api.py zero-pads q, k and v to the next compiled width
+# (59, 33 -> 64; 100 -> 128; 200 -> 256) with the scale of the true head dim and slices out and the gradients back.
+# Dv != D both ways, including Dv wider than D (the width holds the larger), every compiled width, GQA, causal with
+# Sq > Sk (empty rows), windows, sinks, softcap, a decode shape (packed GQA / split keys on sm90), both dtypes.
+ODD_HEAD_DIM_CASES = [
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=300, seqlen_k=517, heads_q=4, heads_k=2, head_dim=59,
+                 causal=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1000, seqlen_k=700, heads_q=2, heads_k=1, head_dim=33,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=129, seqlen_k=1100, heads_q=8, heads_k=2, head_dim=100,
+                 window_size=(64, 3), softcap=5.0),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=700, seqlen_k=700, heads_q=4, heads_k=4, head_dim=200,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=250, seqlen_k=333, heads_q=4, heads_k=1, head_dim=59,
+                 head_dim_v=33, sinks=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=97, seqlen_k=128, heads_q=2, heads_k=2, head_dim=33,
+                 head_dim_v=200),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=4000, heads_q=16, heads_k=4, head_dim=100,
+                 head_dim_v=59, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=400, seqlen_k=300, heads_q=6, heads_k=3, head_dim=200,
+                 head_dim_v=100, causal=True, window_size=(100, 0)),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=300, seqlen_k=301, heads_q=2, heads_k=1, head_dim=1,
+                 head_dim_v=255, softcap=30.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=513, seqlen_k=65, heads_q=4, heads_k=2, head_dim=255,
+                 head_dim_v=7, causal=True, sinks=True),
+]
+
+
+@pytest.mark.parametrize("cfg", ODD_HEAD_DIM_CASES, ids=str)
+def test_head_dims_not_a_multiple_of_8(cfg):
+    q = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim), cfg.dtype)
+    k = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim), cfg.dtype)
+    v = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim_v), cfg.dtype)
+    text = flashjax.explain(q, k, v, causal=cfg.causal, window_size=cfg.window_size, softcap=cfg.softcap)
+    width = next(w for w in (64, 96, 128, 192, 256) if w >= max(cfg.head_dim, cfg.head_dim_v))
+    if ": kernel (" in text:
+        assert f"head dim padded to {width}" in text, text
+    _assert_fixed_case_matches(cfg, ODD_HEAD_DIM_CASES, 90_000)
+
+
+# Sinks of -inf, +inf and NaN under jit (traced: a concrete NaN raises at trace time instead), docs/design.md §2.4:
+# -inf is no sink; +inf puts all the weight on the sink (out 0, lse +inf, no gradient into q/k/v, dsink = the sum of
+# its rows' dlse, 0 here: the cotangent of a non-finite lse is zeroed as in sweep.run); NaN makes its head's out and
+# lse NaN where a key is visible, and rows with no visible key keep out 0 with lse = the sink (NaN). Head 1 carries
+# the special sink; head 0 shares its KV head, the other heads have their own. Cases: causal with Sq > Sk (the first
+# 500 rows see no key: tiles with no row that sees a key, and a tile mixing such rows with rows that see keys), a
+# decode shape that sm90 splits into key parts (the sink is added by the combine kernel), and a window with fp16.
+SPECIAL_SINK_CASES = [
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=200, heads_q=4, heads_k=2, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=8191, heads_q=32, heads_k=8, head_dim=128,
+                 sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=300, seqlen_k=300, heads_q=4, heads_k=2, head_dim=64,
+                 window_size=(50, 0), sinks=True),
+]
+SPECIAL_SINK_HEAD = 1
+
+
+def _special_value_errors(name, got, want, limit, denominator=None):
+    """Where `got` differs from `want` in its NaN or +-inf positions, or in its finite entries beyond `limit`."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return [f"{name}: shape {got.shape} != {want.shape}"]
+    bad = []
+    for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        differ = test(got) != test(want)
+        if differ.any():
+            bad.append(f"{name}: {what} at {int(differ.sum())} entries where the reference differs (first at "
+                       f"{tuple(int(i) for i in np.argwhere(differ)[0])}: got {got[differ][0]}, want {want[differ][0]})")
+    finite = np.isfinite(want) & np.isfinite(got)
+    err = sweep.rel_err(got[finite], want[finite], denominator)
+    if not err <= limit:
+        bad.append(f"{name}: finite entries rel err {err:.3g} > {limit:g}")
+    return bad
+
+
+@pytest.mark.parametrize("kind", ["-inf", "+inf", "nan"])
+@pytest.mark.parametrize("cfg", SPECIAL_SINK_CASES, ids=str)
+def test_infinite_and_nan_sinks_traced(cfg, kind):
+    rng = np.random.default_rng([SEED, 95_000 + SPECIAL_SINK_CASES.index(cfg)])
+    q, k, v, sinks, d_out, d_lse = sweep.make_inputs(cfg, rng)
+    sinks = sinks.at[SPECIAL_SINK_HEAD].set({"-inf": -np.inf, "+inf": np.inf, "nan": np.nan}[kind])
+    inputs = (q, k, v, sinks, d_out, d_lse)
+    out_k, lse_k, grads_k = sweep.run(cfg, inputs, "kernel")
+    reference = sweep.run(cfg, inputs, "reference")
+    out_r, lse_r, grads_r = reference
+    tol = sweep.TOLERANCE[cfg.dtype]
+    bad = _special_value_errors("out", out_k, out_r, tol) + _special_value_errors("lse", lse_k, lse_r, tol)
+    for name, g_k, g_r in zip(("dq", "dk", "dv"), grads_k, grads_r):
+        bad += _special_value_errors(name, g_k, g_r, 2 * tol)
+    scale = sweep.dsinks_scale(cfg, inputs, reference)
+    heads = np.isfinite(scale) & np.isfinite(np.asarray(grads_r[3]))
+    bad += _special_value_errors("dsinks", grads_k[3], grads_r[3], 2 * tol, np.linalg.norm(scale[heads]) or None)
+    assert not bad, f"{cfg}, sink {kind} at head {SPECIAL_SINK_HEAD} (seed {SEED}): {bad}"
 
 
 def _inputs(seed, b=2, sq=300, sk=517, hq=8, hk=2, d=128, dtype=jnp.bfloat16):
