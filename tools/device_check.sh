@@ -120,7 +120,9 @@ if stage sanitize; then
 fi
 # The install as a newcomer meets it, on this machine, which has no network: a copy of the tree without build
 # outputs, the README's two commands with a venv over python3's packages (jax and its CUDA plugin are there) and the
-# wheels it lacks from WHEELHOUSE (default .devcarry/wheelhouse: nvidia-cutlass).
+# wheels it lacks from WHEELHOUSE (default .devcarry/wheelhouse: nvidia-cutlass; auditwheel and pyelftools for the
+# wheel stage, whose glibc 2.28 link directory, made where there is network, is GLIBC228_DIR, default
+# .devcarry/glibc228).
 WHEELHOUSE=$(realpath -m "${WHEELHOUSE:-.devcarry/wheelhouse}")
 fresh_copy() {  # a copy of the tree as a clone would have it (no builds, venvs or carried files), printed path
   local dir; dir=$(mktemp -d)/flashjax; mkdir -p "$dir"
@@ -137,6 +139,8 @@ if stage newcomer; then
   (cd "$NEWCOMER" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
      timeout "${TEST_TIMEOUT:-1800}" tools/test.sh -p no:cacheprovider) > "$OUT/newcomer_tests.log" 2>&1
   rc=$?
+  # Later stages (tests_jax_newest) test the library the newcomer built.
+  [ -f "$NEWCOMER/python/flashjax/libflashjax.so" ] && cp "$NEWCOMER/python/flashjax/libflashjax.so" python/flashjax/
   record newcomer_tests "$(grep -E '^[0-9]+ (passed|failed)|tests passed' "$OUT/newcomer_tests.log" | tr '\n' ' ')(rc $rc)"
 fi
 # The release wheel (tools/wheel.sh: every kernel, the release architectures), its size by architecture, then the
@@ -145,7 +149,8 @@ fi
 if stage wheel; then
   WHEEL_SRC=$(fresh_copy)
   (cd "$WHEEL_SRC" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
-     FLASHJAX_CUDA_ARCHS="${WHEEL_ARCHS:-release}" FLASHJAX_WHEEL_BUILD_DIR=build/wheel tools/wheel.sh "$OUT/dist") \
+     FLASHJAX_CUDA_ARCHS="${WHEEL_ARCHS:-release}" FLASHJAX_WHEEL_BUILD_DIR=build/wheel \
+     FLASHJAX_GLIBC228_DIR="${GLIBC228_DIR:-$PWD/.devcarry/glibc228}" tools/wheel.sh "$OUT/dist") \
     > "$OUT/wheel.log" 2>&1
   record wheel "rc $?, $(grep -o 'flashjax_cu.*MB)' "$OUT/wheel.log")"
   LIB=$WHEEL_SRC/build/wheel/libflashjax.so
