@@ -260,12 +260,25 @@ def _pad_last(x, width):
 def _kernel_attention(q, k, v, sinks, options: Options, width: int):
     """Dense call on the kernel path: pad q/k/v to the plan's compiled width, run the primitive, slice v's back."""
     has_sinks = sinks is not None
-    sinks_arr = sinks if has_sinks else jnp.zeros((q.shape[2],), jnp.float32)
+    sinks_arr = jnp.zeros((q.shape[2],), jnp.float32)
+    if has_sinks:
+        # design §2.4's +inf sink (all weight on the sink) reaches the kernels as a finite logit so large that every
+        # key's weight underflows to 0 (out 0, no q/k/v gradient) with no inf - inf in their arithmetic; lse then
+        # takes the sink itself (+inf, gradient 1 into the sink), as it does for a NaN sink, whose NaN the kernels
+        # already carry into every row that sees a key. Only lse gets the where, and only if lse is used.
+        sinks_arr = jnp.where(sinks == jnp.inf, _TAKES_ALL_SINK, sinks)
     left, right = options.window
     out, lse = primitives.forward(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), sinks_arr,
                                   softmax_scale=options.softmax_scale, softcap=options.softcap,
                                   window_left=left, window_right=right, has_sinks=has_sinks)
+    if has_sinks:
+        special = (jnp.isnan(sinks) | (sinks == jnp.inf))[None, :, None]
+        lse = jnp.where(special, sinks[None, :, None], lse)
     return out[..., :v.shape[-1]], lse
+
+
+# Above any score a finite softmax_scale * q.k can reach, below float32's max after the kernels' log2(e) scaling.
+_TAKES_ALL_SINK = 1e30
 
 
 def _reference_kwargs(options: Options, sinks):

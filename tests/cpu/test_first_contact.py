@@ -375,3 +375,25 @@ def test_explain_and_the_call_accept_odd_head_dims():
     assert text.startswith("q (1, 64, 4, 59)")
     q, k, v = _qkv(d=59, dv=33)
     assert flashjax.flash_attn(q, k, v).shape == (2, 9, 4, 33)
+
+
+@pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan])
+def test_kernel_path_special_sinks_match_the_reference(special):
+    """api's kernel path sends a +inf sink to the kernels as a huge finite logit and gives lse the sink itself (the
+    kernels' arithmetic would form inf - inf): out, lse and every gradient equal the reference's (run on CPU, where
+    the primitives lower to the reference; tests/gpu checks the kernels)."""
+    q, k, v = _qkv(b=2, sq=33, sk=21, hq=4, hk=2, d=64, dv=64, dtype=jnp.float32, seed=3)
+    sinks = jnp.asarray([0.3, special, 1.0, 0.0], jnp.float32)
+    # Traced sinks (under jit below): a concrete NaN would be refused by the call's own check.
+    options = api._dense_call(q, k, v, causal=True, sinks=jnp.zeros(4, jnp.float32), backend="reference").options
+    rng = np.random.default_rng(6)
+    d_out = jnp.asarray(rng.standard_normal((2, 33, 4, 64)), jnp.float32)
+    d_lse = jnp.asarray(rng.standard_normal((2, 4, 33)), jnp.float32)
+    results = []
+    for fn in (lambda *a: api._kernel_attention(*a, options, 64),
+               lambda q, k, v, s: reference.attention(q, k, v, **api._reference_kwargs(options, s))):
+        (out, lse), vjp = jax.vjp(jax.jit(fn), q, k, v, sinks)
+        results.append((out, lse, *vjp((d_out, d_lse))))
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv", "dsinks"), *results):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5, equal_nan=True,
+                                   err_msg=name)
