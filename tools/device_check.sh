@@ -148,9 +148,10 @@ fi
 # the checkout. WHEEL_ARCHS overrides the architectures (e.g. "90a-real" for a quicker check of the install alone).
 if stage wheel; then
   WHEEL_SRC=$(fresh_copy)
+  GLIBC228_DIR=$(realpath -m "${GLIBC228_DIR:-.devcarry/glibc228}")
   (cd "$WHEEL_SRC" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
      FLASHJAX_CUDA_ARCHS="${WHEEL_ARCHS:-release}" FLASHJAX_WHEEL_BUILD_DIR=build/wheel \
-     FLASHJAX_GLIBC228_DIR="${GLIBC228_DIR:-$PWD/.devcarry/glibc228}" tools/wheel.sh "$OUT/dist") \
+     FLASHJAX_GLIBC228_DIR="$GLIBC228_DIR" tools/wheel.sh "$OUT/dist") \
     > "$OUT/wheel.log" 2>&1
   record wheel "rc $?, $(grep -o 'flashjax_cu.*MB)' "$OUT/wheel.log")"
   LIB=$WHEEL_SRC/build/wheel/libflashjax.so

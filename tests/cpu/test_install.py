@@ -38,7 +38,10 @@ def wheel(tmp_path_factory):
     dist = tmp_path_factory.mktemp("dist")
     env = dict(os.environ, FLASHJAX_KERNEL_SET="none", FLASHJAX_CUDA_ARCHS="80-real",
                FLASHJAX_WHEEL_BUILD_DIR=str(ROOT / "build" / "wheel-test"))
-    subprocess.run([str(ROOT / "tools" / "wheel.sh"), str(dist)], check=True, env=env, capture_output=True)
+    built = subprocess.run([str(ROOT / "tools" / "wheel.sh"), str(dist)], env=env, capture_output=True, text=True)
+    if built.returncode != 0 and "No matching distribution found for ziglang" in built.stderr:
+        pytest.skip("offline without ziglang: the glibc 2.28 link directory cannot be made (FLASHJAX_GLIBC228_DIR)")
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-4000:]
     (path,) = dist.glob("*.whl")
     return path, major
 

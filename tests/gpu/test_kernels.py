@@ -216,7 +216,11 @@ def _in_fresh_process(expression, timeout, **env_vars):
     """The value (printed, last word) of `expression` over this module, evaluated in a new Python process with
     `env_vars` set: for the launcher's settings that it reads once per process."""
     env = dict(os.environ, **env_vars)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), env.get("PYTHONPATH")) if p)
+    # This module's folder, and the folder of the flashjax this process imported (a checkout's python/, which
+    # tests/conftest.py put on sys.path, or site-packages).
+    package_root = os.path.dirname(os.path.dirname(flashjax.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(__file__), package_root, env.get("PYTHONPATH"))
+                                        if p)
     code = f"import test_kernels; print(test_kernels.{expression})"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
