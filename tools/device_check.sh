@@ -164,11 +164,11 @@ if stage wheel; then
      done) | tee "$OUT/wheel_sizes.txt"
   fi
   WHEEL_FILE=$(ls "$OUT"/dist/*.whl 2>/dev/null | head -1)
-  if [ -n "$WHEEL_FILE" ]; then
-    WV=$(mktemp -d)/venv
-    python3 -m venv --system-site-packages "$WV"
-    python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
-      > "$("$WV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/parent.pth"
+  WV=$(mktemp -d)/venv  # a venv over python3's packages, made as the README's commands make theirs
+  if [ -n "$WHEEL_FILE" ] && ! env -u PYTHONPATH FLASHJAX_VENV="$WV" FLASHJAX_SYSTEM_SITE_PACKAGES=1 \
+       FLASHJAX_WHEELHOUSE="$WHEELHOUSE" tools/env.sh > "$OUT/wheel_venv.log" 2>&1; then
+    record wheel_install "FAILED: tools/env.sh (wheel_venv.log)"
+  elif [ -n "$WHEEL_FILE" ]; then
     # With its dependencies resolved offline against python3's packages; where pip cannot (jax[cuda13]'s extras
     # pin CUDA wheels this machine may hold in other versions), without them, and the log says which.
     if "$WV/bin/python" -m pip install --no-index --find-links "$WHEELHOUSE" "$WHEEL_FILE" > "$OUT/wheel_install.log" 2>&1; then

@@ -53,7 +53,7 @@ PLATFORM=$(sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*
 [[ $PLATFORM =~ ^manylinux_2_([0-9]+)_x86_64$ ]] ||
   { echo "$SHOW" >&2; echo "flashjax: the library is not manylinux-compatible" >&2; exit 1; }
 # The glibc 2.28 link promises 2_28 (the policy we build for) even where this build happens to need less.
-(( BASH_REMATCH[1] > 28 )) || PLATFORM=manylinux_2_28_x86_64
+[ "$FLASHJAX_MANYLINUX_LINK" != ON ] || (( BASH_REMATCH[1] > 28 )) || PLATFORM=manylinux_2_28_x86_64
 mkdir -p "$DIST"
 "$VENV/bin/python" -m wheel tags --remove --platform-tag "$PLATFORM" "$RAW" >/dev/null
 WHEEL=$(ls "$STAGE"/raw/*.whl)

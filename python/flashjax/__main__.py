@@ -42,8 +42,8 @@ def main() -> None:
     if _ffi.available():
         info = _ffi.build_info()
         print(f"library: {info['path']}")
-        print(f"  version {info['version']}, CUDA {_ffi.cuda_text(info['cuda_version'])}, archs {', '.join(info['cuda_archs'])}, "
-              f"kernel set '{info['kernel_set']}' ({len(info['kernels'])} kernels)")
+        print(f"  version {info['version']}, CUDA {_ffi.cuda_text(info['cuda_version'])}, "
+              f"archs {', '.join(info['cuda_archs'])}, kernel set '{info['kernel_set']}' ({len(info['kernels'])} kernels)")
         for k in info["kernels"]:
             print(f"  {k['family']} {k['direction']} {k['dtype']} head dim {k['head_dim']}, "
                   f"{k['smem_bytes'] / 1024:g} KB shared memory per block")

@@ -257,11 +257,17 @@ def _pad_last(x, width):
     return x if pad == 0 else jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
 
 
+# A +inf sink as the kernels see it: above any score a finite softmax_scale * q.k reaches, below float32's max after
+# the kernels' log2(e) scaling.
+_TAKES_ALL_SINK = 1e30
+
+
 def _kernel_attention(q, k, v, sinks, options: Options, width: int):
     """Dense call on the kernel path: pad q/k/v to the plan's compiled width, run the primitive, slice v's back."""
     has_sinks = sinks is not None
-    sinks_arr = jnp.zeros((q.shape[2],), jnp.float32)
-    if has_sinks:
+    if not has_sinks:
+        sinks_arr = jnp.zeros((q.shape[2],), jnp.float32)
+    else:
         # design §2.4's +inf sink (all weight on the sink) reaches the kernels as a finite logit so large that every
         # key's weight underflows to 0 (out 0, no q/k/v gradient) with no inf - inf in their arithmetic; lse then
         # takes the sink itself (+inf, gradient 1 into the sink), as it does for a NaN sink, whose NaN the kernels
@@ -276,9 +282,6 @@ def _kernel_attention(q, k, v, sinks, options: Options, width: int):
         lse = jnp.where(special, sinks[None, :, None], lse)
     return out[..., :v.shape[-1]], lse
 
-
-# Above any score a finite softmax_scale * q.k can reach, below float32's max after the kernels' log2(e) scaling.
-_TAKES_ALL_SINK = 1e30
 
 
 def _reference_kwargs(options: Options, sinks):
