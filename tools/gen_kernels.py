@@ -8,7 +8,8 @@ The table below is the only place that says which kernels exist. Running this sc
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
 Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
-  full    every row of the spec table: 3 (family, direction) pairs x 2 dtypes x 5 head dims = 30 kernels
+  full    every row of the spec table: 4 (family, direction) pairs x 2 dtypes x their head dims (5 each; the sm90
+          backward 64 and 128 so far) = 34 kernels
   ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once
   bench   BENCH_SET: the sm90 forward and sm80 backward, bf16, D 64/128/192/256, for kernel experiments
   none    no kernels (the host code and Python alone; every call then takes the reference)
@@ -36,26 +37,33 @@ FAMILIES = {
     ("sm80", "fwd"): ("kernels/sm80/fwd_launch.cuh", "FwdParams"),
     ("sm80", "bwd"): ("kernels/sm80/bwd_launch.cuh", "BwdParams"),
     ("sm90", "fwd"): ("kernels/sm90/fwd_launch.cuh", "FwdParams"),
+    ("sm90", "bwd"): ("kernels/sm90/bwd_launch.cuh", "BwdParams"),
 }
 # Families that use arch-specific instructions (wgmma, setmaxnreg) compile only for their "a" target; CMake builds
 # them when FLASHJAX_CUDA_ARCHS has it and defines FLASHJAX_HAS_<FAMILY>, which guards their table rows.
 ARCH_SPECIFIC = {"sm90": "90a"}
 DTYPES = {"fp16": ("cutlass::half_t", "kFloat16"), "bf16": ("cutlass::bfloat16_t", "kBFloat16")}
 HEAD_DIMS = (64, 96, 128, 192, 256)
+# Families that compile fewer head dims (the others fall back to a family that has them: dispatch picks the newest
+# family with a row for the call's width).
+FAMILY_HEAD_DIMS = {("sm90", "bwd"): (64, 128)}
 
 # The small set CI builds on 2 cores: enough to compile every stage of every family once.
-CI_SET = {("sm80", "fwd", "bf16", 64), ("sm80", "bwd", "bf16", 64), ("sm90", "fwd", "bf16", 64)}
+CI_SET = {("sm80", "fwd", "bf16", 64), ("sm80", "bwd", "bf16", 64), ("sm90", "fwd", "bf16", 64),
+          ("sm90", "bwd", "bf16", 64)}
 # The set a Hopper forward experiment needs (bench.py's grid rows: bf16, D 64/128/256, and 192 for
 # `--hdims 192 --hidden 1920`), so that kernel variants rebuild in minutes and are compared with
 # lab/tools/compare_builds.sh. The backward kernels are there because
 # flash_attn takes the kernel path only where both directions have one (api.plan); they compile once per build
 # directory. Not for tests: no fp16, no other head dims, no sm80 forward.
-BENCH_SET = {(f, d, "bf16", h) for f, d in (("sm90", "fwd"), ("sm80", "bwd")) for h in (64, 128, 192, 256)}
+BENCH_SET = ({(f, d, "bf16", h) for f, d in (("sm90", "fwd"), ("sm80", "bwd")) for h in (64, 128, 192, 256)}
+             | {("sm90", "bwd", "bf16", h) for h in (64, 128)})
 
 
 def spec_table():
-    for (family, direction), dtype, hdim in itertools.product(FAMILIES, DTYPES, HEAD_DIMS):
-        yield family, direction, dtype, hdim
+    for (family, direction), dtype in itertools.product(FAMILIES, DTYPES):
+        for hdim in FAMILY_HEAD_DIMS.get((family, direction), HEAD_DIMS):
+            yield family, direction, dtype, hdim
 
 
 def instantiation(family, direction, dtype, hdim):

@@ -97,6 +97,49 @@ def test_tile_choices(cfg):
     _assert_fixed_case_matches(cfg, TILE_CHOICE_CASES, 10_000)
 
 
+# The sm90 backward's edges (csrc/kernels/sm90/bwd_*.cuh; on other devices these run whatever backward dispatch picks):
+# CTAs walking many steps (every query block of every query head of a GQA group of 4), query blocks cut by Sq and
+# 128-key CTAs cut by Sk, causal with Sq < Sk and with Sq > Sk (CTAs whose keys no row sees write zero dK / dV, and the
+# first rows are empty), a window that empties whole query blocks, softcap (tanh' in dS), sinks with the lse
+# cotangent, a single query row against long keys, and widths padded to 64 and 128.
+BWD_CASES = [
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=700, heads_q=8, heads_k=2, head_dim=128,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=300, seqlen_k=1000, heads_q=4, heads_k=1, head_dim=64,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=1000, seqlen_k=300, heads_q=2, heads_k=2, head_dim=128,
+                 causal=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=2000, seqlen_k=2000, heads_q=4, heads_k=4, head_dim=64,
+                 window_size=(200, 0)),
+    sweep.Config(dtype="float16", batch=3, seqlen_q=129, seqlen_k=257, heads_q=6, heads_k=3, head_dim=128,
+                 softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1, seqlen_k=4000, heads_q=32, heads_k=8, head_dim=128),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=513, seqlen_k=65, heads_q=4, heads_k=2, head_dim=64,
+                 softcap=3.0, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=333, seqlen_k=444, heads_q=4, heads_k=2, head_dim=100,
+                 window_size=(50, 70)),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=4100, seqlen_k=4100, heads_q=2, heads_k=1, head_dim=40,
+                 causal=True),
+]
+
+
+@pytest.mark.parametrize("cfg", BWD_CASES, ids=str)
+def test_backward_cases(cfg):
+    _assert_fixed_case_matches(cfg, BWD_CASES, 11_000)
+
+
+def test_explain_names_the_sm90_backward_on_hopper():
+    device = flashjax._ffi.default_device()
+    families = {(row["family"], row["direction"], row["head_dim"])
+                for row in flashjax._ffi.build_info().get("kernels", [])}
+    if device is None or device[0] != 90 or ("sm90", "bwd", 128) not in families:
+        pytest.skip("needs an sm90 device and a build with the sm90 backward")
+    q, k, v = _inputs(0)
+    assert "backward: sm90 backward kernel" in flashjax.explain(q, k, v, causal=True)
+    q256, k256, v256 = _inputs(0, d=256)
+    assert "backward: sm80 backward kernel" in flashjax.explain(q256, k256, v256, causal=True)
+
+
 # More tiles than two per SM (132 on an H100/H200), so that each persistent CTA runs several in a row: the sm90
 # consumers carry state from one tile into the next (the next tile's first GEMM goes out with this tile's last,
 # where Q has two buffers), and tiles whose rows see no key (Sq > Sk causal: the top rows) fall between tiles with

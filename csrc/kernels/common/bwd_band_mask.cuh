@@ -63,6 +63,25 @@ struct BwdBandMask : BandMask {
       }
     }
   }
+
+  // As apply, for scores computed transposed (S^T = K Q^T, the sm90 backward's swapAB): the views' rows are keys and
+  // their columns query rows.
+  template <typename ScoresRC, typename CoordsRC>
+  __device__ __forceinline__ void apply_transposed(ScoresRC& scores_rc, const CoordsRC& coords_rc, int m_start,
+                                                   int n_start) const {
+    using namespace cute;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(scores_rc); ++ni) {
+      const int row = m_start + get<1>(coords_rc(0, ni));
+      const int begin = col_begin(row) - n_start;
+      const int end = col_end(row) - n_start;
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(scores_rc); ++mi) {
+        const int key = get<0>(coords_rc(mi, 0));
+        if (key < begin || key >= end) scores_rc(mi, ni) = -INFINITY;
+      }
+    }
+  }
 };
 
 }  // namespace flashjax::common

@@ -22,23 +22,11 @@
 #include "kernels/sm90/fwd_split_combine.cuh"
 #include "kernels/sm90/fwd_split_kv.h"
 #include "kernels/sm90/launch.h"
+#include "kernels/sm90/tma_compatible.h"
 
 namespace flashjax::sm90 {
 
 namespace detail {
-
-// TMA addresses 16-byte aligned global memory with strides that are multiples of 16 bytes below 2^40 bytes
-// (cuTensorMapEncodeTiled). The Python layer's contiguous [B, S, H, D] arrays always qualify; anything else is
-// refused here rather than failing an assert inside CUTLASS's descriptor builder.
-template <typename Element>
-bool tma_compatible(const void* ptr, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
-  constexpr int64_t kBytes = sizeof(Element);
-  auto ok = [](int64_t stride_bytes) {
-    return stride_bytes >= 0 && stride_bytes % 16 == 0 && stride_bytes < (int64_t(1) << 40);
-  };
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ok(row_stride * kBytes) && ok(head_stride * kBytes) &&
-         ok(batch_stride * kBytes);
-}
 
 // Test knob: FLASHJAX_SM90_MAX_CTAS=n (flashjax/settings.h) caps the persistent grid at n CTAs, so that small
 // problems (the sanitizer's, the GPU tests') run many tiles per CTA and reach the hand-over from one tile to the next.

@@ -27,4 +27,15 @@ FamilyChoices fwd_choices(const AttnShape& shape, const ChoiceQuery& query);
 template <typename Element, int kHeadDim>
 int fwd_smem_bytes();
 
+// The Hopper backward (bwd_launch.cuh): preprocess, the warp-specialized main kernel (TMA + wgmma, dK / dV in
+// registers, dQ by bulk reduce-add), postprocess. Same contract as run_fwd.
+template <typename Element, int kHeadDim>
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+FamilyChoices bwd_choices(const AttnShape& shape, const ChoiceQuery& query);
+
+template <typename Element, int kHeadDim>
+int bwd_smem_bytes();
+
 }  // namespace flashjax::sm90
