@@ -9,7 +9,9 @@
 #   FLASHJAX_TEST_JOBS (pytest-xdist workers), BENCH_ARGS (extra bench.py flags),
 #   SANITIZE_TOOLS (default "memcheck racecheck synccheck"), SANITIZE_MODES (default "default sm80"),
 #   SANITIZE_ARGS (flashjax_sanitize flags, e.g. "--only 3"), SANITIZE_DRIVER (the driver binary; default: the one
-#   the build stage made), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL (the
+#   the build stage made, else one built in the newcomer stage's build), SANITIZE_PARALLEL=1 (the tools at once),
+#   WHEEL_FILE (a wheel built elsewhere for the wheel stage to install instead of building one) and WHEEL_TESTS (an
+#   archive of the tests/gpu of that wheel's commit), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL (the
 #   bench.py implementation and kernel-name regex the ncu stage profiles; default flashjax's forward).
 # Peers for bench.py that the machine lacks (e.g. flash_attn3_jax and einops, for --impls fa3) travel as wheels in
 # .devcarry/peers; they are unpacked into a temporary folder on PYTHONPATH (no network there: no pip resolution).
@@ -47,7 +49,7 @@ if stage info; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
   $PY -m flashjax 2>&1 > "$OUT/info.log" 2>&1 && head -60 "$OUT/info.log" && record info ok || record info FAILED
 fi
-# Modes: "default" lets dispatch pick (on Hopper: sm90 forward + sm80 backward); "sm80" disables the sm90 family
+# Modes: "default" lets dispatch pick (on Hopper: the sm90 families where they have the head dim); "sm80" disables them
 # so the portable family runs everywhere.
 disabled_for() { [ "$1" = sm80 ] && echo sm90 || true; }
 
@@ -88,21 +90,36 @@ if stage sanitize; then
   # Hopper, "sm80" the portable one; the sm80 backward runs in both. Only kernels named flashjax* are checked.
   DRIVER=${SANITIZE_DRIVER:-build/device-${FLASHJAX_CUDA_ARCHS:-90a-real}/tests/sanitize/flashjax_sanitize}
   [ -x "$DRIVER" ] || DRIVER=$(ls -t build/*/tests/sanitize/flashjax_sanitize 2>/dev/null | head -1)
+  NEWCOMER_BUILD=$(cat /tmp/flashjax_newcomer_build 2>/dev/null)
+  if [ ! -x "$DRIVER" ] && [ -d "$NEWCOMER_BUILD" ]; then  # the newcomer's kernels, with the driver linked to them
+    { cmake "$NEWCOMER_BUILD" -DFLASHJAX_BUILD_SANITIZE_DRIVER=ON && ninja -C "$NEWCOMER_BUILD" flashjax_sanitize
+    } > "$OUT/sanitize_build.log" 2>&1
+    DRIVER=$NEWCOMER_BUILD/tests/sanitize/flashjax_sanitize
+  fi
   SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -z "$DRIVER" ] || [ ! -x "$DRIVER" ]; then
     record sanitize "FAILED: no flashjax_sanitize binary (run the build stage, or set SANITIZE_DRIVER)"
   else
     echo "sanitize: $DRIVER"
+    sanitize_run() {  # $1 tool, $2 mode: the log and its rc file
+      FLASHJAX_DISABLE_FAMILIES="$(disabled_for $2)" timeout "${SANITIZE_TIMEOUT:-300}" \
+        "$SANITIZER" --tool "$1" --kernel-name kns=flashjax --print-limit 20 \
+        "$DRIVER" ${SANITIZE_ARGS:-} > "$OUT/${1}_$2.log" 2>&1
+      echo $? > "$OUT/${1}_$2.rc"
+    }
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+      for mode in ${SANITIZE_MODES:-default sm80}; do
+        if [ "${SANITIZE_PARALLEL:-0}" = 1 ]; then sanitize_run "$tool" "$mode" & else sanitize_run "$tool" "$mode"; fi
+      done
+    done
+    wait
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       for mode in ${SANITIZE_MODES:-default sm80}; do
         log="$OUT/${tool}_$mode.log"
-        FLASHJAX_DISABLE_FAMILIES="$(disabled_for $mode)" timeout "${SANITIZE_TIMEOUT:-300}" \
-          "$SANITIZER" --tool "$tool" --kernel-name kns=flashjax --print-limit 20 \
-          "$DRIVER" ${SANITIZE_ARGS:-} > "$log" 2>&1
-        rc=$?
+        rc=$(cat "$OUT/${tool}_$mode.rc"); rm -f "$OUT/${tool}_$mode.rc"
         summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
         record "${tool}_$mode" "${summary:-no summary} (rc $rc, $(grep -c ': ok$' "$log") configs ok)"
-        [ $rc -eq 0 ] || { grep -E "FAILED" "$log" | head -5; tail -5 "$log"; }
+        [ "$rc" -eq 0 ] || { grep -E "FAILED" "$log" | head -5; tail -5 "$log"; }
       done
     done
   fi
@@ -139,14 +156,22 @@ if stage newcomer; then
   (cd "$NEWCOMER" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
      timeout "${TEST_TIMEOUT:-1800}" tools/test.sh -p no:cacheprovider) > "$OUT/newcomer_tests.log" 2>&1
   rc=$?
-  # Later stages (tests_jax_newest) test the library the newcomer built.
+  # Later stages (tests_jax_newest) test the library the newcomer built; sanitize can link its driver to its kernels.
   [ -f "$NEWCOMER/python/flashjax/libflashjax.so" ] && cp "$NEWCOMER/python/flashjax/libflashjax.so" python/flashjax/
+  [ -f "$NEWCOMER/build/last" ] && echo "$NEWCOMER/$(cat "$NEWCOMER/build/last")" > /tmp/flashjax_newcomer_build
   record newcomer_tests "$(grep -E '^[0-9]+ (passed|failed)|tests passed' "$OUT/newcomer_tests.log" | tr '\n' ' ')(rc $rc)"
 fi
 # The release wheel (tools/wheel.sh: every kernel, the release architectures), its size by architecture, then the
 # wheel installed with --no-index in a fresh venv over python3's jax and the GPU tests run against it from outside
 # the checkout. WHEEL_ARCHS overrides the architectures (e.g. "90a-real" for a quicker check of the install alone).
-if stage wheel; then
+if stage wheel && [ -n "${WHEEL_FILE:-}" ]; then
+  mkdir -p "$OUT/dist" && cp "$WHEEL_FILE" "$OUT/dist/" && record wheel "carried: $(basename "$WHEEL_FILE")"
+  (cd "$(mktemp -d)" && python3 -m zipfile -e "$WHEEL_FILE" . && command -v cuobjdump >/dev/null &&
+     for kind in sm_80 sm_90 sm_100 sm_120; do
+       echo "$kind: $(cuobjdump --list-elf flashjax/libflashjax.so | grep -c "\.$kind") cubins"
+     done; cuobjdump --list-ptx flashjax/libflashjax.so | sed 's/.*\.\(sm_[0-9a-z]*\)\.ptx/PTX \1/' | sort | uniq -c
+  ) | tee "$OUT/wheel_sizes.txt"
+elif stage wheel; then
   WHEEL_SRC=$(fresh_copy)
   GLIBC228_DIR=$(realpath -m "${GLIBC228_DIR:-.devcarry/glibc228}")
   (cd "$WHEEL_SRC" && env -u PYTHONPATH FLASHJAX_SYSTEM_SITE_PACKAGES=1 FLASHJAX_WHEELHOUSE="$WHEELHOUSE" \
@@ -177,7 +202,8 @@ if stage wheel; then
       "$WV/bin/python" -m pip install -q --no-index --no-deps "$WHEEL_FILE" >> "$OUT/wheel_install.log" 2>&1
       record wheel_install "rc $? with --no-deps; with deps: $(grep -m1 -E 'ERROR' "$OUT/wheel_install.log" | cut -c1-160)"
     fi
-    TESTS=$(mktemp -d); cp -r tests/gpu "$TESTS/gpu"
+    TESTS=$(mktemp -d)
+    if [ -n "${WHEEL_TESTS:-}" ]; then tar -xzf "$WHEEL_TESTS" -C "$TESTS" --strip-components=1; else cp -r tests/gpu "$TESTS/gpu"; fi
     (cd "$TESTS" && env -u PYTHONPATH -u FLASHJAX_LIBRARY "$WV/bin/python" -m flashjax) > "$OUT/wheel_info.log" 2>&1
     grep -E "^library|CUDA" "$OUT/wheel_info.log"
     (cd "$TESTS" && env -u PYTHONPATH -u FLASHJAX_LIBRARY timeout "${TEST_TIMEOUT:-1800}" "$WV/bin/python" -m pytest -q \

@@ -48,6 +48,10 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 # family with a row for the call's width).
 FAMILY_HEAD_DIMS = {("sm90", "bwd"): (64, 128)}
 
+# Backward families that can add their dq partials in a fixed order (deterministic=True); the plan refuses such
+# calls to the others.
+DETERMINISTIC = {("sm90", "bwd")}
+
 # The small set CI builds on 2 cores: enough to compile every stage of every family once.
 CI_SET = {("sm80", "fwd", "bf16", 64), ("sm80", "bwd", "bf16", 64), ("sm90", "fwd", "bf16", 64),
           ("sm90", "bwd", "bf16", 64)}
@@ -86,7 +90,7 @@ def table_rows(entries):
     for f, d, t, h in entries:
         row = (f"FLASHJAX_KERNEL({f}, run_{d}, Direction::k{d.capitalize()}, {FAMILIES[(f, d)][1]}, "
                f"DType::{DTYPES[t][1]}, {DTYPES[t][0]}, {h}, {str(f in ARCH_SPECIFIC).lower()}, "
-               f"{d}_smem_bytes, {d}_choices)")
+               f"{d}_smem_bytes, {d}_choices, {str((f, d) in DETERMINISTIC).lower()})")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
 

@@ -139,8 +139,8 @@ class OptionalOperands {
 // The pass's plan for the device the handler runs on. num_splits: the forward's count fixed at lowering (1 for the
 // plain target), which sized the workspace.
 PassPlan plan_for(int32_t ordinal, Direction direction, const AttnShape& shape, bool has_sinks, int32_t num_splits,
-                  bool explain) {
-  const Problem problem = problem_of(shape, has_sinks, num_splits);
+                  bool explain, bool deterministic = false) {
+  const Problem problem = problem_of(shape, has_sinks, num_splits, deterministic);
   DeviceProps device;
   device.sm = device_sm(ordinal);
   device.smem_per_block_optin = device_smem_per_block_optin(ordinal);
@@ -227,19 +227,29 @@ ffi::Error fwd_split_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q
   return launch(plan, p, stream);
 }
 
-ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::RemainingArgs optional,
-                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
-                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
-                    ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_sinks, float softcap,
-                    float softmax_scale, int32_t window_left, int32_t window_right) {
+// Both backward targets. dq_semaphore: the deterministic target's counters (nullptr: the plain target, any order).
+ffi::Error run_backward(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                        ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                        const ffi::RemainingArgs& optional, ffi::Result<ffi::AnyBuffer>& dq,
+                        ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv,
+                        ffi::Result<ffi::Buffer<ffi::F32>>& dsinks, ffi::Result<ffi::Buffer<ffi::F32>>& dq_accum,
+                        ffi::Result<ffi::Buffer<ffi::F32>>& dpsum, ffi::Result<ffi::Buffer<ffi::F32>>& lse_log2,
+                        ffi::Result<ffi::Buffer<ffi::S32>>* dq_semaphore, bool has_dlse, bool has_sinks,
+                        float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
   BwdParams p;
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
-  const PassPlan plan = plan_for(ordinal, Direction::kBwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  p.deterministic = dq_semaphore != nullptr;
+  const PassPlan plan = plan_for(ordinal, Direction::kBwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false,
+                                 p.deterministic);
   if (plan.kernel == nullptr) return launch(plan, p, stream);
+  if (p.deterministic) {
+    if ((*dq_semaphore)->element_count() < static_cast<size_t>(bwd_dq_semaphores(p.batch, p.heads_q, p.seqlen_q))) {
+      return invalid("deterministic backward's dq_semaphore workspace is smaller than the problem needs");
+    }
+    p.dq_semaphore = (*dq_semaphore)->typed_data();
+  }
   const BwdWorkspaceLayout workspace = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim);
   if (dq_accum->element_count() < static_cast<size_t>(workspace.dq_accum) ||
       dpsum->element_count() < static_cast<size_t>(workspace.per_row) ||
@@ -271,6 +281,54 @@ ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
     cudaMemsetAsync(dsinks->typed_data(), 0, dsinks->size_bytes(), stream);
   }
   return launch(plan, p, stream);
+}
+
+ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::RemainingArgs optional,
+                    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                    ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                    ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_sinks, float softcap,
+                    float softmax_scale, int32_t window_left, int32_t window_right) {
+  return run_backward(stream, ordinal, q, k, v, o, lse, dout, optional, dq, dk, dv, dsinks, dq_accum, dpsum, lse_log2,
+                      nullptr, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right);
+}
+
+// deterministic=True: the same call with the counters that order the dq accumulation.
+ffi::Error bwd_deterministic_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                  ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                                  ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> dq,
+                                  ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                                  ffi::Result<ffi::Buffer<ffi::F32>> lse_log2,
+                                  ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, bool has_dlse, bool has_sinks,
+                                  float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+  return run_backward(stream, ordinal, q, k, v, o, lse, dout, optional, dq, dk, dv, dsinks, dq_accum, dpsum, lse_log2,
+                      &dq_semaphore, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right);
+}
+
+// What both backward targets bind first: context, the six required operands, the optional ones, the gradients and
+// the f32 workspace.
+auto bwd_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::DeviceOrdinal>()
+      .Arg<ffi::AnyBuffer>()          // q
+      .Arg<ffi::AnyBuffer>()          // k
+      .Arg<ffi::AnyBuffer>()          // v
+      .Arg<ffi::AnyBuffer>()          // o
+      .Arg<ffi::Buffer<ffi::F32>>()   // lse
+      .Arg<ffi::AnyBuffer>()          // dout
+      .RemainingArgs()                // dlse, sinks (see OptionalOperands)
+      .Ret<ffi::AnyBuffer>()          // dq
+      .Ret<ffi::AnyBuffer>()          // dk
+      .Ret<ffi::AnyBuffer>()          // dv
+      .Ret<ffi::Buffer<ffi::F32>>()   // dsinks [Hq]
+      .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dq_accum
+      .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dpsum
+      .Ret<ffi::Buffer<ffi::F32>>();  // workspace: lse_log2
 }
 
 // What both forward targets bind first: context, q, k, v, the optional operands, o and lse.
@@ -314,23 +372,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()            // q
-                                  .Arg<ffi::AnyBuffer>()            // k
-                                  .Arg<ffi::AnyBuffer>()            // v
-                                  .Arg<ffi::AnyBuffer>()            // o
-                                  .Arg<ffi::Buffer<ffi::F32>>()     // lse
-                                  .Arg<ffi::AnyBuffer>()            // dout
-                                  .RemainingArgs()                  // dlse, sinks (see OptionalOperands)
-                                  .Ret<ffi::AnyBuffer>()            // dq
-                                  .Ret<ffi::AnyBuffer>()            // dk
-                                  .Ret<ffi::AnyBuffer>()            // dv
-                                  .Ret<ffi::Buffer<ffi::F32>>()     // dsinks [Hq]
-                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: dq_accum
-                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: dpsum
-                                  .Ret<ffi::Buffer<ffi::F32>>()     // workspace: lse_log2
+                              flashjax::bwd_binding()
+                                  .Attr<bool>("has_dlse")
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_deterministic, flashjax::bwd_deterministic_impl,
+                              flashjax::bwd_binding()
+                                  .Ret<ffi::Buffer<ffi::S32>>()     // workspace: dq_semaphore
                                   .Attr<bool>("has_dlse")
                                   .Attr<bool>("has_sinks")
                                   .Attr<float>("softcap")

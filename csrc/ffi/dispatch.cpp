@@ -115,11 +115,17 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Among the entries that match and whose shared memory the device holds, prefer the family written for the
   // newest arch the device has (the table is small; a linear scan keeps the rule obvious).
   const KernelEntry* too_big = nullptr;  // the newest matching family refused for its shared memory
+  const bool ordered = problem.deterministic && problem.direction == Direction::kBwd;
+  const KernelEntry* unordered = nullptr;  // a matching kernel refused because it cannot order its dq sums
   for (const KernelEntry& entry : table) {
     const int family_sm = family_min_sm(entry.family);
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
         entry.head_dim != problem.head_dim || !family_runs) {
+      continue;
+    }
+    if (ordered && !entry.deterministic) {
+      unordered = &entry;
       continue;
     }
     const KernelEntry*& slot = entry.smem_bytes > smem_per_block_optin ? too_big : choice.kernel;
@@ -132,10 +138,18 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     std::to_string(device_sm) + " allows " + kb(smem_per_block_optin);
     return choice;
   }
+  if (choice.kernel == nullptr && too_big == nullptr && unordered != nullptr) {
+    choice.reason = std::string("deterministic=True: the ") + unordered->family + " backward kernel for " +
+                    dtype_name(problem.dtype) + " head dim " + std::to_string(problem.head_dim) +
+                    " adds dq partials in any order (atomics); no kernel in this build that runs on sm_" +
+                    std::to_string(device_sm) + " orders them for this call";
+    return choice;
+  }
   if (choice.kernel != nullptr && !explain) return choice;
   if (choice.kernel != nullptr) {
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
+                    (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
                     " (the newest family this sm_" + std::to_string(device_sm) + " device runs)";
     if (too_big != nullptr && family_min_sm(too_big->family) > family_min_sm(choice.kernel->family)) {
       choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +

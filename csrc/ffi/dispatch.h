@@ -26,6 +26,9 @@ struct KernelEntry {
   int32_t smem_bytes;
   const void* launch;  // cudaError_t (*)(const FwdParams&, cudaStream_t) or the BwdParams twin
   ChoiceFn choices;    // the family's per-call choices for this kernel (its launch.h's <direction>_choices)
+  // A backward that can add its dq partials in a fixed order (BwdParams::deterministic). Forward kernels are
+  // deterministic as they are and leave it false.
+  bool deterministic = false;
 };
 
 // What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
@@ -35,6 +38,7 @@ struct ProblemKey {
   int32_t head_dim = 0;  // the compiled width the call is padded to
   bool varlen = false;
   bool mask_mod = false;
+  bool deterministic = false;  // backward: bitwise reproducible gradients (only rows with `deterministic` qualify)
 };
 
 struct Choice {

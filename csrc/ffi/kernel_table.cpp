@@ -24,7 +24,8 @@ const std::vector<KernelEntry>& kernel_table() {
   // reports the dynamic shared memory per block its launches request (asked once here when the table is built: the
   // figure comes from the kernel's own types, and dispatch stays a pure function of the rows), and the family's
   // per-call choices (asked by the plan).
-#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific, smem_bytes, choices) \
+#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific, smem_bytes, choices, \
+                        deterministic)                                                                         \
   KernelEntry{#family,                                                                                         \
               direction,                                                                                       \
               dtype,                                                                                           \
@@ -32,7 +33,8 @@ const std::vector<KernelEntry>& kernel_table() {
               arch_specific,                                                                                   \
               family::smem_bytes<element, hdim>(),                                                             \
               reinterpret_cast<const void*>(static_cast<LaunchFn<params>>(&family::run<element, hdim>)),        \
-              &family::choices<element, hdim>},
+              &family::choices<element, hdim>,                                                                 \
+              deterministic},
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI
 #include "kernels/generated/kernel_table_ci.inc"

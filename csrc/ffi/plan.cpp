@@ -23,16 +23,23 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
   return shape;
 }
 
-std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits) {
+std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
+                                          bool deterministic) {
   if (direction == Direction::kFwd) {
     if (num_splits <= 1) return {};
     return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
             {"lse_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q}}};
   }
   const BwdWorkspaceLayout layout = bwd_workspace_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim);
-  return {{"dq_accum", {shape.batch, shape.heads_q, layout.seqlen_q_rounded, shape.head_dim}},
-          {"dpsum", {shape.batch, shape.heads_q, layout.seqlen_q_rounded}},
-          {"lse_log2", {shape.batch, shape.heads_q, layout.seqlen_q_rounded}}};
+  std::vector<WorkspaceBuffer> buffers = {
+      {"dq_accum", {shape.batch, shape.heads_q, layout.seqlen_q_rounded, shape.head_dim}},
+      {"dpsum", {shape.batch, shape.heads_q, layout.seqlen_q_rounded}},
+      {"lse_log2", {shape.batch, shape.heads_q, layout.seqlen_q_rounded}}};
+  if (deterministic) {
+    buffers.push_back(
+        {"dq_semaphore", {shape.batch, shape.heads_q, layout.seqlen_q_rounded / kBwdDqSemaphoreRows}, "int32"});
+  }
+  return buffers;
 }
 
 // A JSON string literal.
@@ -60,7 +67,7 @@ std::string pass_json(const PassPlan& pass) {
     std::string dims;
     for (const int64_t d : buffer.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
     workspace += std::string(workspace.empty() ? "" : ", ") + "{\"name\": " + quoted(buffer.name) +
-                 ", \"shape\": [" + dims + "]}";
+                 ", \"shape\": [" + dims + "], \"dtype\": " + quoted(buffer.dtype) + "}";
   }
   return std::string("{\"family\": ") + (pass.kernel != nullptr ? quoted(pass.kernel->family) : "null") +
          ", \"reason\": " + quoted(pass.reason) + ", \"tile_class\": " + std::to_string(c.tile_class) +
@@ -72,7 +79,7 @@ std::string pass_json(const PassPlan& pass) {
 
 }  // namespace
 
-Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits) {
+Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, bool deterministic) {
   Problem problem;
   problem.dtype = shape.dtype;
   problem.batch = shape.batch;
@@ -86,6 +93,7 @@ Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits) {
   problem.softcap = shape.softcap;
   problem.has_sinks = has_sinks;
   problem.num_splits = num_splits;
+  problem.deterministic = deterministic;
   return problem;
 }
 
@@ -103,16 +111,13 @@ PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProp
                   std::to_string(problem.head_dim) + ")";
     return pass;
   }
-  if (direction == Direction::kBwd && problem.deterministic) {
-    pass.reason = "deterministic=True: the backward kernels accumulate dq with atomics";
-    return pass;
-  }
   ProblemKey key;
   key.direction = direction;
   key.dtype = problem.dtype;
   key.head_dim = width;
   key.varlen = problem.varlen;
   key.mask_mod = problem.mask_mod;
+  key.deterministic = problem.deterministic;
   Choice choice = choose_kernel(device.sm, compiled_archs, key, table, device.smem_per_block_optin, explain);
   pass.kernel = choice.kernel;
   pass.reason = std::move(choice.reason);
@@ -124,7 +129,7 @@ PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProp
     query.explain = explain;
     pass.choices = pass.kernel->choices(shape, query);
   }
-  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits);
+  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic);
   return pass;
 }
 

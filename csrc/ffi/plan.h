@@ -31,8 +31,8 @@ struct Problem {
   int32_t num_splits = 0;      // forward: 0 lets the plan choose; n >= 1 is the count the lowering fixed
 };
 
-// The problem of a call the FFI handler decoded (shape.head_dim is its width; the flags stay off).
-Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits);
+// The problem of a call the FFI handler decoded (shape.head_dim is its width; varlen and mask_mod stay off).
+Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, bool deterministic = false);
 
 // The device the call is planned for. Zeros mean unknown: the shared-memory limit then comes from the table by
 // compute capability (max_smem_per_block_optin), and no call splits its keys by rule without an SM count.
@@ -42,10 +42,11 @@ struct DeviceProps {
   int32_t num_sms = 0;
 };
 
-// One f32 workspace output of a pass's FFI call, in the order the handler binds them.
+// One workspace output of a pass's FFI call, in the order the handler binds them.
 struct WorkspaceBuffer {
   const char* name;
   std::vector<int64_t> shape;
+  const char* dtype = "float32";  // or "int32" (the deterministic backward's counters)
 };
 
 struct PassPlan {
@@ -53,7 +54,9 @@ struct PassPlan {
   const KernelEntry* kernel = nullptr;  // nullptr: no kernel runs this pass; reason says why
   std::string reason;
   FamilyChoices choices;                   // the family's, for this call (defaults where no kernel runs)
-  std::vector<WorkspaceBuffer> workspace;  // forward: the split target's parts (when split); backward: always 3
+  // forward: the split target's parts (when split); backward: always the 3 f32 buffers, and with deterministic=True
+  // the dq_semaphore counters of the deterministic target (flashjax_bwd_deterministic)
+  std::vector<WorkspaceBuffer> workspace;
 };
 
 struct Plan {

@@ -276,7 +276,8 @@ def _kernel_attention(q, k, v, sinks, options: Options, width: int):
     left, right = options.window
     out, lse = primitives.forward(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), sinks_arr,
                                   softmax_scale=options.softmax_scale, softcap=options.softcap,
-                                  window_left=left, window_right=right, has_sinks=has_sinks)
+                                  window_left=left, window_right=right, has_sinks=has_sinks,
+                                  deterministic=options.deterministic)
     if has_sinks:
         special = (jnp.isnan(sinks) | (sinks == jnp.inf))[None, :, None]
         lse = jnp.where(special, sinks[None, :, None], lse)

@@ -24,9 +24,11 @@ from jax.interpreters import ad, batching, mlir
 
 from . import _ffi
 
-# Static parameters every primitive carries; they become FFI attributes of the exact C++ types.
+# Static parameters every primitive carries; they become FFI attributes of the exact C++ types. `deterministic` is a
+# parameter too, but it picks the backward's FFI target instead of travelling as an attribute.
 _ATTR_TYPES = {"softmax_scale": np.float32, "softcap": np.float32, "window_left": np.int32,
                "window_right": np.int32, "has_sinks": bool, "has_dlse": bool}
+_TARGET_PARAMS = ("deterministic",)
 
 fwd_p = Primitive("flashjax_fwd")
 tangent_p = Primitive("flashjax_tangent")
@@ -74,10 +76,11 @@ varlen_guard_p.def_abstract_eval(lambda *xs: xs)
 
 # ---------------------------------------------------------------------------------------------------- lowering
 def _attrs(params):
-    return {name: _ATTR_TYPES[name](value) for name, value in params.items()}
+    return {name: _ATTR_TYPES[name](value) for name, value in params.items() if name not in _TARGET_PARAMS}
 
 
-def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sinks, device_sm=None, **_) -> dict:
+def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sinks, deterministic=False,
+                  device_sm=None, **_) -> dict:
     """The library's plan of a call as lowered (q at the compiled head width): for the default GPU, with its SM
     count, which is what the split-keys rule needs. device_sm: another GPU to ask about (explain's); the SM count
     stays the default device's (0 off a GPU: no call splits by rule)."""
@@ -86,12 +89,13 @@ def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sin
     return _ffi.plan(dtype=jnp.dtype(aval_q.dtype).name, batch=batch, seqlen_q=seqlen_q, seqlen_k=aval_k.shape[1],
                      heads_q=heads_q, heads_k=aval_k.shape[2], head_dim=head_dim, window_left=window_left,
                      window_right=window_right, softcap=float(softcap), has_sinks=has_sinks,
-                     device_sm=device_sm or (device[0] if device is not None else 0),
+                     deterministic=deterministic, device_sm=device_sm or (device[0] if device is not None else 0),
                      num_sms=device[1] if device is not None else 0)
 
 
 def _workspace_avals(workspace):
-    return [jax.core.ShapedArray(tuple(buffer["shape"]), jnp.float32) for buffer in workspace]
+    return [jax.core.ShapedArray(tuple(buffer["shape"]), jnp.dtype(buffer.get("dtype", "float32")))
+            for buffer in workspace]
 
 
 def _ffi_call(target, ctx, args, optional, params, workspace=(), **extra):
@@ -124,9 +128,11 @@ def _fwd_lowering(ctx, *args, **params):
 
 
 def _bwd_lowering(ctx, *args, **params):
-    """The backward's FFI call, with the workspace its plan sizes (dq accumulator, per-row statistics)."""
+    """The backward's FFI call, with the workspace its plan sizes (dq accumulator, per-row statistics); with
+    deterministic=True the deterministic target, whose extra workspace holds the counters that order the dq sums."""
     bwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["bwd"]
-    return _ffi_call(_ffi.BWD_TARGET, ctx, args, {6: "has_dlse", 7: "has_sinks"}, params,
+    target = _ffi.BWD_DETERMINISTIC_TARGET if params.get("deterministic") else _ffi.BWD_TARGET
+    return _ffi_call(target, ctx, args, {6: "has_dlse", 7: "has_sinks"}, params,
                      workspace=_workspace_avals(bwd["workspace"]))
 
 
@@ -235,7 +241,8 @@ def forward(q, k, v, sinks, **params):
 # ------------------------------------------------------------------------------ reference lowering (not CUDA)
 # On every platform but CUDA the primitives lower to the pure-JAX reference with the same outputs. That lets the
 # CPU tests check the primitive wiring (JVP, transpose, batching, workspace shapes) numerically without a GPU.
-def _reference_fn(q, k, v, sinks, *, softmax_scale, softcap, window_left, window_right, has_sinks):
+def _reference_fn(q, k, v, sinks, *, softmax_scale, softcap, window_left, window_right, has_sinks,
+                  deterministic=False):
     from . import reference
 
     return reference.attention(q, k, v, softmax_scale=softmax_scale, causal=False,

@@ -158,6 +158,29 @@ TEST_F(PlanCall, SharedMemoryOfTheDeviceDecides) {
   EXPECT_FALSE(plan_call(p, measured, table, archs).runs());
 }
 
+TEST_F(PlanCall, DeterministicBackwardTakesARowThatOrdersItsSumsWithItsCounters) {
+  KernelEntry ordered = entry(Direction::kBwd, DType::kBFloat16, 128);
+  ordered.family = "sm90";
+  ordered.arch_specific = true;
+  ordered.deterministic = true;
+  table.push_back(ordered);
+  archs = {"80-real", "90a-real"};
+  Problem p = problem();
+  p.deterministic = true;
+  const Plan on_hopper = plan_call(p, device(90), table, archs);
+  ASSERT_TRUE(on_hopper.runs()) << on_hopper.reason;
+  EXPECT_STREQ(on_hopper.bwd.kernel->family, "sm90");
+  ASSERT_EQ(on_hopper.bwd.workspace.size(), 4u);
+  EXPECT_STREQ(on_hopper.bwd.workspace[3].name, "dq_semaphore");
+  EXPECT_STREQ(on_hopper.bwd.workspace[3].dtype, "int32");
+  EXPECT_EQ(on_hopper.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 384 / 64}));
+  const Plan on_ampere = plan_call(p, device(80), table, archs);  // the unordered sm80 row alone runs there
+  EXPECT_FALSE(on_ampere.runs());
+  EXPECT_NE(on_ampere.reason.find("deterministic=True"), std::string::npos) << on_ampere.reason;
+  p.deterministic = false;
+  EXPECT_EQ(plan_call(p, device(90), table, archs).bwd.workspace.size(), 3u);
+}
+
 TEST_F(PlanCall, RefusalsAreExplained) {
   Problem deterministic = problem();
   deterministic.deterministic = true;

@@ -61,9 +61,9 @@ def test_the_plan_answers_with_reasons():
     assert not ok and "no code for sm_70" in reason
     plan = _plan(90, head_dim=128, varlen=True)
     assert not plan["runs"] and "varlen" in plan["reason"] and plan["fwd"]["family"] is None
-    built_for = 80 if any(a.startswith("80") for a in info["cuda_archs"]) else 90  # a GPU's build: its own arch
-    plan = _plan(built_for, deterministic=True)
-    assert not plan["runs"] and "deterministic=True" in plan["reason"], plan["reason"]
+    if any(a.startswith("80") for a in info["cuda_archs"]):  # the portable backward cannot order its dq atomics
+        plan = _plan(80, deterministic=True)
+        assert not plan["runs"] and "deterministic=True" in plan["reason"], plan["reason"]
     compiled = {(k["direction"], k["dtype"], k["head_dim"]) for k in info["kernels"]}
     for direction in ("fwd", "bwd"):
         ok, reason, family = _pass(80, direction, "bfloat16", 64)
@@ -92,6 +92,22 @@ def test_the_plan_sizes_the_backward_workspace():
     bwd = _plan(80, head_dim=72, batch=3, seqlen_q=300, heads_q=8, heads_k=2)["bwd"]
     assert [(b["name"], b["shape"]) for b in bwd["workspace"]] == [
         ("dq_accum", [3, 8, 384, 96]), ("dpsum", [3, 8, 384]), ("lse_log2", [3, 8, 384])]
+
+
+def test_deterministic_backward_takes_the_sm90_family_with_its_counters():
+    info = _ffi.build_info()
+    rows = {(k["family"], k["direction"], k["dtype"], k["head_dim"]) for k in info["kernels"]}
+    if ("sm90", "bwd", "bf16", 64) not in rows:
+        pytest.skip("this build has no sm90 backward")
+    plan = _plan(90, head_dim=64, batch=3, seqlen_q=300, heads_q=8, heads_k=2, deterministic=True)
+    assert plan["runs"] and plan["bwd"]["family"] == "sm90" and "fixed order" in plan["bwd"]["reason"]
+    assert [(b["name"], b["shape"], b["dtype"]) for b in plan["bwd"]["workspace"]] == [
+        ("dq_accum", [3, 8, 384, 64], "float32"), ("dpsum", [3, 8, 384], "float32"),
+        ("lse_log2", [3, 8, 384], "float32"), ("dq_semaphore", [3, 8, 6], "int32")]
+    # head dims without an sm90 backward row are refused, naming the option, rather than run unordered
+    if ("sm90", "bwd", "bf16", 256) not in rows and ("sm80", "bwd", "bf16", 256) in rows:
+        refused = _plan(90, head_dim=256, deterministic=True)
+        assert not refused["runs"] and "deterministic=True" in refused["reason"], refused["reason"]
 
 
 def test_the_plan_refuses_a_mismatched_struct():

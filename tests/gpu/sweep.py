@@ -29,6 +29,7 @@ class Config:
     window_size: tuple = (-1, -1)
     sinks: bool = False
     softcap: float = 0.0
+    deterministic: bool = False
 
     def __post_init__(self):
         if self.head_dim_v is None:
@@ -37,7 +38,7 @@ class Config:
     def __str__(self):
         return (f"{self.dtype} B{self.batch} Sq{self.seqlen_q} Sk{self.seqlen_k} H{self.heads_q}/{self.heads_k} "
                 f"D{self.head_dim}/{self.head_dim_v} causal={self.causal} window={self.window_size} "
-                f"sinks={self.sinks} softcap={self.softcap}")
+                f"sinks={self.sinks} softcap={self.softcap}" + (" deterministic" if self.deterministic else ""))
 
 
 def _length(rng):
@@ -100,7 +101,8 @@ def run(cfg: Config, inputs, backend: str):
 
     def attention(q, k, v, sinks):
         return flashjax.flash_attn(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
-                                   softcap=cfg.softcap, return_lse=True, backend=backend)
+                                   softcap=cfg.softcap, return_lse=True, deterministic=cfg.deterministic,
+                                   backend=backend)
 
     @jax.jit
     def fwd_bwd(q, k, v, sinks, d_out, d_lse):

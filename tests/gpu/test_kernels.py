@@ -128,6 +128,45 @@ def test_backward_cases(cfg):
     _assert_fixed_case_matches(cfg, BWD_CASES, 11_000)
 
 
+# deterministic=True (the sm90 backward adds each query block's dQ partials in a fixed order, bwd_dq_order.cuh):
+# matches the reference, and five runs give the same bits. Many KV blocks per query block (long keys, GQA with
+# sinks: the ordered dsinks sum too), causal with more key blocks per head than the H200 has SMs (the grid launched
+# from the last key block; a CTA waits only for CTAs launched before it), Sq > Sk causal (leading rows empty), a
+# two-sided window (a few contributors per block) and fp16 D 64 with softcap.
+DETERMINISTIC_CASES = [
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=1000, seqlen_k=3000, heads_q=8, heads_k=2, head_dim=128,
+                 sinks=True, deterministic=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=17000, seqlen_k=17000, heads_q=1, heads_k=1, head_dim=64,
+                 causal=True, deterministic=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=900, seqlen_k=300, heads_q=4, heads_k=4, head_dim=128,
+                 causal=True, deterministic=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=2000, seqlen_k=2000, heads_q=4, heads_k=2, head_dim=64,
+                 window_size=(300, 100), softcap=5.0, sinks=True, deterministic=True),
+]
+
+
+@pytest.mark.parametrize("cfg", DETERMINISTIC_CASES, ids=str)
+def test_deterministic_backward_matches_and_repeats_bit_for_bit(cfg):
+    device = flashjax._ffi.default_device()
+    rows = {(row["family"], row["direction"], row["head_dim"])
+            for row in flashjax._ffi.build_info().get("kernels", [])}
+    if device is None or device[0] != 90 or ("sm90", "bwd", cfg.head_dim) not in rows:
+        pytest.skip("needs an sm90 device and a build with the sm90 backward for this head dim")
+    rng = np.random.default_rng([SEED, 12_000 + DETERMINISTIC_CASES.index(cfg)])
+    inputs = sweep.make_inputs(cfg, rng)
+    q, k, v, sinks, *_ = inputs
+    assert "fixed order" in flashjax.explain(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
+                                             softcap=cfg.softcap, deterministic=True)
+    first = sweep.run(cfg, inputs, "kernel")
+    bad = sweep.check(cfg, sweep.compare(cfg, first, sweep.run(cfg, inputs, "reference"), inputs))
+    assert not bad, f"{cfg}: {bad}"
+    first_grads = [np.asarray(g) for g in first[2] if g is not None]
+    for repeat in range(4):
+        grads = [np.asarray(g) for g in sweep.run(cfg, inputs, "kernel")[2] if g is not None]
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), first_grads, grads):
+            assert a.tobytes() == b.tobytes(), f"{cfg}: {name} differs in run {repeat + 2}"
+
+
 def test_explain_names_the_sm90_backward_on_hopper():
     device = flashjax._ffi.default_device()
     families = {(row["family"], row["direction"], row["head_dim"])

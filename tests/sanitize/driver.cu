@@ -57,6 +57,7 @@ struct Config {
   const char* what;
   int head_dim = 0;  // the variant to run: 0 takes the configs' rotation over the variants, else this head dim's first
   int num_splits = 1;  // > 1: the forward splits keys into this many parts (sm90; other families ignore it)
+  bool deterministic = false;  // the backward orders its dq adds (runs where the variant's backward can)
 };
 
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
@@ -86,6 +87,9 @@ const Config kConfigs[] = {
      3},
     {1, 1, 2000, 16, 4, -1, -1, false, 30.f, true, "decode, softcap 30, keys split into 5 parts (the capped twin)", 128,
      5},
+    {2, 300, 700, 4, 2, -1, 0, true, 0.f, true, "deterministic: causal Sq < Sk, GQA 4/2, sinks (ordered dsinks), dlse",
+     128, 1, true},
+    {1, 300, 300, 4, 2, 32, 7, false, 5.f, false, "deterministic: two-sided window (32, 7), softcap 5", 64, 1, true},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -327,6 +331,9 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   float* dq_accum = arena.alloc<float>(workspace.dq_accum);
   float* dpsum = arena.alloc<float>(workspace.per_row);
   float* lse_log2 = arena.alloc<float>(workspace.per_row);
+  const int64_t n_semaphores = c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0;
+  int32_t* dq_semaphore = c.deterministic ? arena.alloc<int32_t>(n_semaphores) : nullptr;
+  if (dq_semaphore != nullptr) poison(dq_semaphore, 4 * n_semaphores);  // the launcher zeroes them
   fill_element(dout, n_q, dtype, seed + 5);
   if (dlse != nullptr) fill(dlse, n_lse, seed + 6);
   poison(dq, 2 * n_q);
@@ -353,6 +360,8 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   bp.dpsum = dpsum;
   bp.lse_log2 = lse_log2;
   bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
+  bp.deterministic = c.deterministic;
+  bp.dq_semaphore = dq_semaphore;
   CUDA_CHECK(cudaDeviceSynchronize());
   if (const cudaError_t err = launch(*variant.bwd, bp, stream); err != cudaSuccess) {
     throw Failure{std::string("backward launch: ") + cudaGetErrorString(err)};
@@ -557,6 +566,7 @@ int main(int argc, char** argv) {
     }
     if (kConfigs[i].head_dim > 0 && pinned == nullptr) continue;  // not compiled in this build
     const Variant& variant = pinned != nullptr ? *pinned : variants[i % variants.size()];
+    if (kConfigs[i].deterministic && !variant.bwd->deterministic) continue;  // e.g. the sm80 backward (sm80 mode)
     std::printf("[%d] %s %s D%d fwd %s bwd %s", i, describe(kConfigs[i]).c_str(), dtype_name(variant.dtype),
                 variant.head_dim, variant.fwd->family, variant.bwd->family);
     std::fflush(stdout);

@@ -94,6 +94,13 @@ struct BwdParams : AttnShape {
   float* dpsum = nullptr;
   float* lse_log2 = nullptr;
   int32_t seqlen_q_rounded = 0;
+
+  // deterministic=True (a family whose table row says it can): every query block's dQ partials are added in one
+  // fixed order of the KV blocks, and dsinks is summed in a fixed order, so gradients are bitwise reproducible.
+  // dq_semaphore: bwd_dq_semaphores (flashjax/workspace.h) counters, zeroed by the launcher, one per 64-row
+  // query block of every (batch, query head). A family that cannot order its accumulation refuses the call.
+  bool deterministic = false;
+  int32_t* dq_semaphore = nullptr;
 };
 
 }  // namespace flashjax

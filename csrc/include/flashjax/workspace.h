@@ -31,6 +31,15 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int32_t batch, int32_t heads_q
   return layout;
 }
 
+// The deterministic backward's int32 counters (BwdParams::dq_semaphore): one per kBwdDqSemaphoreRows query rows of
+// every (batch, query head), [B, Hq, Sq_rounded / kBwdDqSemaphoreRows]; a family's query blocks are a multiple of it.
+inline constexpr int32_t kBwdDqSemaphoreRows = 64;
+static_assert(kBwdSeqlenQRounding % kBwdDqSemaphoreRows == 0);
+
+constexpr int64_t bwd_dq_semaphores(int32_t batch, int32_t heads_q, int32_t seqlen_q) {
+  return int64_t(batch) * heads_q * (bwd_seqlen_q_rounded(seqlen_q) / kBwdDqSemaphoreRows);
+}
+
 // The split-keys forward's f32 workspace: a partial O and LSE per part of every query row, [B, num_splits, Hq, Sq, D]
 // and [B, num_splits, Hq, Sq] (batch first, so that vmap's folding of a mapped axis into B keeps the layout).
 struct FwdSplitWorkspaceLayout {

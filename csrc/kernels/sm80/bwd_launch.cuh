@@ -24,7 +24,8 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using RowPass = BwdRowPassShape;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q_rounded < common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
-      params.seqlen_q_rounded % kBwdSeqlenQRounding != 0) {
+      params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 ||
+      params.deterministic) {  // its dq atomics land in any order: dispatch sends deterministic calls elsewhere
     return cudaErrorInvalidValue;
   }
   // dsinks is accumulated by the preprocess (one atomic per block), so it starts from zero.

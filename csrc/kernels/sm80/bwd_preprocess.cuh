@@ -3,7 +3,8 @@
 //   lse_log2[row] = lse_row * log2(e), or +inf for an empty row (lse = -inf) and for padding rows, so that the
 //                   main kernel's P = exp2(s - lse_log2) is exactly 0 there instead of inf or NaN
 //   dq_accum      = 0 over the whole padded [Sq_rounded, D] slab (the main kernel only adds into it)
-//   dsinks[h]    += -sum_row exp(sink_h - lse_row) * D'_row   (one atomic per block; zeroed by the launcher)
+//   dsinks[h]    += -sum_row exp(sink_h - lse_row) * D'_row   (one atomic per block; zeroed by the launcher), or
+//                   with deterministic=True the same sum in a fixed order by bwd_dsinks_ordered_kernel afterwards
 #pragma once
 
 #include <cuda_runtime.h>
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(BwdRowPassShape::kThreads) bwd_preprocess_kern
     dq_accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
-  if (params.sinks != nullptr) {
+  if (params.sinks != nullptr && !params.deterministic) {
     __shared__ float warp_sums[Pass::kThreads / 32];
 #pragma unroll
     for (int lanes = 16; lanes > 0; lanes /= 2) dsink += __shfl_xor_sync(0xffffffffu, dsink, lanes);
@@ -94,6 +95,33 @@ __global__ void __launch_bounds__(BwdRowPassShape::kThreads) bwd_preprocess_kern
       atomicAdd(params.dsinks + head, block_sum);
     }
   }
+}
+
+// deterministic=True: dsinks[h] = -sum over (batch, row) of exp2(sink_h log2e - lse_log2) * D', from the row pass's
+// workspace (empty and padding rows have lse_log2 = +inf: no term), in one fixed order: thread t takes every
+// kThreads-th row, then a fixed tree over the threads. Overwrites dsinks. Grid: (heads_q), kThreads threads (a
+// template so that the header defines it in every file that includes it without clashing).
+template <int kThreads = BwdRowPassShape::kThreads>
+__global__ void __launch_bounds__(kThreads) bwd_dsinks_ordered_kernel(const BwdParams params) {
+  static_assert((kThreads & (kThreads - 1)) == 0, "the tree halves the threads");
+  const int head = blockIdx.x;
+  const float sink_log2 = params.sinks[head] * common::kLog2e;
+  float sum = 0.f;
+  for (int batch = 0; batch < params.batch; ++batch) {
+    const int64_t first = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded;
+    for (int row = threadIdx.x; row < params.seqlen_q_rounded; row += kThreads) {
+      sum += exp2f(sink_log2 - params.lse_log2[first + row]) * params.dpsum[first + row];
+    }
+  }
+  __shared__ float partial[kThreads];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+#pragma unroll
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) params.dsinks[head] = -partial[0];
 }
 
 }  // namespace flashjax::sm80

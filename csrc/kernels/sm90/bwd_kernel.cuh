@@ -1,6 +1,7 @@
 // The sm90 backward main kernel: one CTA per (KV block, KV head, batch), warp specialized like the forward.
 //   warpgroup 0, producer (setmaxnreg.dec): warp 0's first lane issues the TMA loads (Mainloop::load), warp 1 is the
-//     dQ writer (Mainloop::store_dq), warps 2 and 3 exit;
+//     dQ writer (Mainloop::store_dq; in deterministic mode it takes turns with the other CTAs, bwd_dq_order.cuh),
+//     warps 2 and 3 exit;
 //   warpgroups 1 and 2, MMA (setmaxnreg.inc): the steps (Mainloop::mma), dK and dV in registers throughout, then
 //     the epilogue (bwd_epilogue.cuh).
 // A CTA whose keys no query row sees runs no step and writes zero dK and dV.
@@ -63,7 +64,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   extern __shared__ char smem_bytes[];
   auto& shared = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_bytes);
   const BwdParams& call = params.call;
-  const int n_block = blockIdx.x;
+  const BwdDqOrder order = BwdDqOrder::of(params.mainloop.dq_semaphore, call.window_right);
+  const int n_block = order.n_block(blockIdx.x, gridDim.x);
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
   const bool is_producer = cutlass::canonical_warp_group_idx() == 0;
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         Mainloop::load(params.mainloop, shared.tensors, shared.barriers, pipeline_q, pipeline_do, n_block, kv_head,
                        batch, steps);
       } else if (warp == 1) {
-        Mainloop::store_dq(params.mainloop, shared.tensors, batch, steps);
+        Mainloop::store_dq(params.mainloop, shared.tensors, batch, steps, mask, order, n_block, gridDim.x);
       }
     }
     return;

@@ -1,10 +1,11 @@
 // Host launcher of the sm90 backward: defines flashjax::sm90::run_bwd (declared in launch.h). Included by the
 // generated instantiation files, one per (Element, head dim).
 //
-// Three launches on the caller's stream: the row pass shared with the portable family (D' = rowsum(dO∘O) - dlse,
-// LSE in log2 units, dq_accum zeroed, dsinks; sm80/bwd_preprocess.cuh: plain CUDA, nothing sm80-specific), the main
-// kernel (bwd_kernel.cuh) and the dQ conversion (bwd_postprocess.cuh). Nothing here synchronizes, allocates or
-// reads device memory, so the call can be captured into a CUDA graph.
+// Three launches on the caller's stream: the row pass shared with the portable family (D' = rowsum(dO∘O) - dlse, LSE
+// in log2 units, dq_accum zeroed, dsinks; sm80/bwd_preprocess.cuh: plain CUDA, nothing sm80-specific), the main
+// kernel (bwd_kernel.cuh) and the dQ conversion (bwd_postprocess.cuh); with deterministic=True also the counters'
+// memset and, with sinks, the ordered dsinks sum. Nothing here synchronizes, allocates or reads device memory, so
+// the call can be captured into a CUDA graph.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -65,17 +66,27 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
                                        params.do_batch_stride)) {
     return cudaErrorInvalidValue;
   }
-  // dsinks is accumulated by the preprocess (one atomic per block), so it starts from zero.
+  if (params.deterministic && params.dq_semaphore == nullptr) return cudaErrorInvalidValue;
+  // dsinks is accumulated by the preprocess (one atomic per block), so it starts from zero (the deterministic
+  // pass below overwrites it, also where there are no rows).
   if (params.sinks != nullptr && params.heads_q > 0) {
     const cudaError_t err = cudaMemsetAsync(params.dsinks, 0, sizeof(float) * params.heads_q, stream);
     if (err != cudaSuccess) return err;
   }
   if (params.batch == 0 || params.heads_q == 0) return cudaGetLastError();
+  if (params.deterministic) {
+    const size_t counters = bwd_dq_semaphores(params.batch, params.heads_q, params.seqlen_q);
+    const cudaError_t err = cudaMemsetAsync(params.dq_semaphore, 0, sizeof(int32_t) * counters, stream);
+    if (err != cudaSuccess) return err;
+  }
 
   // The preprocess covers every padded row: the main kernel reads lse_log2 / dpsum and adds into dq_accum there.
   if (params.seqlen_q_rounded > 0) {
     const dim3 grid(params.seqlen_q_rounded / RowPass::kRowsPerBlock, params.heads_q, params.batch);
     sm80::bwd_preprocess_kernel<Element, kHeadDim><<<grid, RowPass::kThreads, 0, stream>>>(params);
+    if (params.deterministic && params.sinks != nullptr) {
+      sm80::bwd_dsinks_ordered_kernel<><<<params.heads_q, RowPass::kThreads, 0, stream>>>(params);
+    }
   }
   // With Sq = 0 the main kernel still runs: its CTAs run no step and write zero dK / dV.
   if (params.seqlen_k > 0) {

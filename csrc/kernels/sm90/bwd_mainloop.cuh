@@ -26,6 +26,8 @@
 #include "kernels/common/bwd_band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/common/softcap.cuh"
+#include "flashjax/workspace.h"
+#include "kernels/sm90/bwd_dq_order.cuh"
 #include "kernels/sm90/bwd_named_barriers.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
@@ -63,6 +65,7 @@ struct BwdMainloopSm90 {
   static constexpr int kStages = 2;  // Q and dO buffers each: the next step's tiles load during this one
   static_assert(kBlockN == 64 * kMmaWarpgroups, "each MMA warpgroup owns 64 keys (one wgmma M)");
   static_assert(kBlockM == 64 || kBlockM == 128);
+  static_assert(kBlockM % kBwdDqSemaphoreRows == 0, "a query block owns whole deterministic-mode counters");
   // dQ = dS K is split over the warpgroups by rows where a step has 128 of them, else by columns of D.
   static constexpr int kDqWarpgroupsM = kBlockM / 64;
   static constexpr int kDqWarpgroupsN = kMmaWarpgroups / kDqWarpgroupsM;
@@ -171,6 +174,7 @@ struct BwdMainloopSm90 {
     const float* lse_log2;
     const float* dpsum;
     float* dq_accum;
+    int* dq_semaphore;  // deterministic=True: the counters that order the dQ adds (bwd_dq_order.cuh); else nullptr
     int seqlen_q_rounded;
     int heads_q;
   };
@@ -195,6 +199,7 @@ struct BwdMainloopSm90 {
             p.lse_log2,
             p.dpsum,
             p.dq_accum,
+            p.deterministic ? p.dq_semaphore : nullptr,
             p.seqlen_q_rounded,
             p.heads_q};
   }
@@ -279,22 +284,36 @@ struct BwdMainloopSm90 {
 
   // ---- dQ writer: warp 1 of the producer warpgroup ----
   // Per step and MMA warpgroup: wait for its staged dQ share, bulk reduce-add it into the workspace, and once the
-  // bulk operation has read the buffer, hand it back. The buffers start free (one arrival each up front).
-  __device__ static void store_dq(const Params& params, TensorStorage& tensors, int batch, const Steps& steps) {
+  // bulk operation has read the buffer, hand it back. The buffers start free (one arrival each up front). With
+  // deterministic=True the step's adds wait for this CTA's turn at the query block and pass it on once complete.
+  __device__ static void store_dq(const Params& params, TensorStorage& tensors, int batch, const Steps& steps,
+                                  const common::BwdBandMask& mask, const BwdDqOrder& order, int n_block,
+                                  int num_n_blocks) {
     constexpr int kBarrierThreads = 128 + cutlass::NumThreadsPerWarp;
     const bool issuer = cute::elect_one_sync();
     CUTE_UNROLL
     for (int w = 0; w < kMmaWarpgroups; ++w) {
       cutlass::arch::NamedBarrier::arrive(kBarrierThreads, BwdNamedBarrier::dq_empty(w));
     }
+    const int counters_per_head = params.seqlen_q_rounded / kBwdDqSemaphoreRows;
     for (int h = 0; h < steps.group; ++h) {
+      const int head_q = steps.head_begin + h;
       for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
-        float* block = params.dq_accum + Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch,
-                                                            steps.head_begin + h, m_block) * kHeadDim;
+        float* block =
+            params.dq_accum + Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, head_q, m_block) *
+                                  kHeadDim;
+        int* counter = nullptr;
+        int turn = 0;
+        if (order.enabled()) {  // counted while the MMA warpgroups still work on the step
+          turn = order.rank<kBlockM, kBlockN>(mask, n_block, num_n_blocks, m_block);
+          counter = order.semaphores + (int64_t(batch) * params.heads_q + head_q) * counters_per_head +
+                    m_block * (kBlockM / kBwdDqSemaphoreRows);
+        }
         CUTE_UNROLL
         for (int w = 0; w < kMmaWarpgroups; ++w) {
           cutlass::arch::NamedBarrier::sync(kBarrierThreads, BwdNamedBarrier::dq_full(w));
           if (issuer) {
+            if (w == 0 && counter != nullptr) BwdDqOrder::wait_turn(counter, turn);
             bulk_reduce_add_f32(block + w * kDqPartFloats, tensors.dq.data() + w * kDqPartFloats,
                                 kDqPartFloats * sizeof(float));
             cute::tma_store_arrive();  // commits the bulk group
@@ -306,6 +325,10 @@ struct BwdMainloopSm90 {
           __syncwarp();
           cutlass::arch::NamedBarrier::arrive(kBarrierThreads, BwdNamedBarrier::dq_empty(decltype(w)::value));
         });
+        if (issuer && counter != nullptr) {
+          bulk_wait_all_complete();  // the adds themselves, not only their reads of shared memory
+          BwdDqOrder::pass_turn(counter);
+        }
       }
     }
     if (issuer) bulk_wait_all_complete();
