@@ -208,8 +208,9 @@ TEST_F(PlanCall, JsonCarriesEveryDecision) {
   for (const char* field :
        {"\"runs\": true", "\"head_dim\": 128", "\"sm\": 80", "\"smem_per_block_optin\": 166912", "\"num_sms\": 132",
         "\"family\": \"sm80\"", "\"num_splits\": 3", "\"pack_group\": 4", "\"tile_class\": 2", "\"block_n\": 64",
-        "\"tile_reason\": \"fake \\\"tiles\\\"\"", "{\"name\": \"o_partial\", \"shape\": [2, 3, 8, 300, 128]}",
-        "{\"name\": \"dq_accum\", \"shape\": [2, 8, 384, 128]}"}) {
+        "\"tile_reason\": \"fake \\\"tiles\\\"\"",
+        "{\"name\": \"o_partial\", \"shape\": [2, 3, 8, 300, 128], \"dtype\": \"float32\"}",
+        "{\"name\": \"dq_accum\", \"shape\": [2, 8, 384, 128], \"dtype\": \"float32\"}"}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << " in " << json;
   }
   Problem p = problem();
