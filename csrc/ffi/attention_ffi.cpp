@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <string>
+#include <utility>
 
 #include "ffi/dispatch.h"
 #include "ffi/kernel_table.h"
@@ -331,6 +332,18 @@ auto bwd_binding() {
       .Ret<ffi::Buffer<ffi::F32>>();  // workspace: lse_log2
 }
 
+// The attributes both backward targets bind after their results (in name order, as XLA passes them).
+template <typename Binding>
+auto with_bwd_attrs(Binding binding) {
+  return std::move(binding)
+      .template Attr<bool>("has_dlse")
+      .template Attr<bool>("has_sinks")
+      .template Attr<float>("softcap")
+      .template Attr<float>("softmax_scale")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right");
+}
+
 // What both forward targets bind first: context, q, k, v, the optional operands, o and lse.
 auto fwd_binding() {
   return ffi::Ffi::Bind()
@@ -371,24 +384,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
                                   .Attr<int32_t>("window_right"),
                               {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl,
-                              flashjax::bwd_binding()
-                                  .Attr<bool>("has_dlse")
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl, flashjax::with_bwd_attrs(flashjax::bwd_binding()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_deterministic, flashjax::bwd_deterministic_impl,
-                              flashjax::bwd_binding()
-                                  .Ret<ffi::Buffer<ffi::S32>>()     // workspace: dq_semaphore
-                                  .Attr<bool>("has_dlse")
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                              flashjax::with_bwd_attrs(
+                                  flashjax::bwd_binding().Ret<ffi::Buffer<ffi::S32>>()),  // workspace: dq_semaphore
                               {ffi::Traits::kCmdBufferCompatible});
 #pragma GCC visibility pop
