@@ -54,7 +54,8 @@ std::string build_info_json() {
     kernels += std::string(kernels.empty() ? "" : ", ") + "{\"family\": \"" + e.family + "\", \"direction\": \"" +
                (e.direction == flashjax::Direction::kFwd ? "fwd" : "bwd") + "\", \"dtype\": \"" +
                dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) +
-               ", \"smem_bytes\": " + std::to_string(e.smem_bytes) + "}";
+               ", \"smem_bytes\": " + std::to_string(e.smem_bytes) +
+               ", \"deterministic\": " + (e.deterministic ? "true" : "false") + "}";
   }
   for (const flashjax::SettingInfo& s : flashjax::kSettings) {
     settings += std::string(settings.empty() ? "" : ", ") + "{\"name\": " + quoted(s.name) +
