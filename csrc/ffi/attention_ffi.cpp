@@ -310,15 +310,20 @@ ffi::Error bwd_deterministic_impl(cudaStream_t stream, int32_t ordinal, ffi::Any
                       &dq_semaphore, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right);
 }
 
-// What both backward targets bind first: context, the six required operands, the optional ones, the gradients and
-// the f32 workspace.
-auto bwd_binding() {
+// What every target binds first: the stream, the device and q, k, v.
+auto qkv_binding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::PlatformStream<cudaStream_t>>()
       .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()          // q
-      .Arg<ffi::AnyBuffer>()          // k
-      .Arg<ffi::AnyBuffer>()          // v
+      .Arg<ffi::AnyBuffer>()   // q
+      .Arg<ffi::AnyBuffer>()   // k
+      .Arg<ffi::AnyBuffer>();  // v
+}
+
+// What both backward targets bind first: q, k, v, the other required operands, the optional ones, the gradients and
+// the f32 workspace.
+auto bwd_binding() {
+  return qkv_binding()
       .Arg<ffi::AnyBuffer>()          // o
       .Arg<ffi::Buffer<ffi::F32>>()   // lse
       .Arg<ffi::AnyBuffer>()          // dout
@@ -346,12 +351,7 @@ auto with_bwd_attrs(Binding binding) {
 
 // What both forward targets bind first: context, q, k, v, the optional operands, o and lse.
 auto fwd_binding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Ctx<ffi::DeviceOrdinal>()
-      .Arg<ffi::AnyBuffer>()         // q
-      .Arg<ffi::AnyBuffer>()         // k
-      .Arg<ffi::AnyBuffer>()         // v
+  return qkv_binding()
       .RemainingArgs()               // sinks [Hq] f32 (see OptionalOperands)
       .Ret<ffi::AnyBuffer>()         // o
       .Ret<ffi::Buffer<ffi::F32>>();  // lse [B, Hq, Sq]
