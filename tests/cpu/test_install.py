@@ -36,8 +36,9 @@ def wheel(tmp_path_factory):
     if not major:
         pytest.skip("no CUDA toolkit (nvcc) on this machine")
     dist = tmp_path_factory.mktemp("dist")
+    # A build folder per pytest worker: under xdist two workers may each build this module's fixture at once.
     env = dict(os.environ, FLASHJAX_KERNEL_SET="none", FLASHJAX_CUDA_ARCHS="80-real",
-               FLASHJAX_WHEEL_BUILD_DIR=str(ROOT / "build" / "wheel-test"))
+               FLASHJAX_WHEEL_BUILD_DIR=str(tmp_path_factory.mktemp("wheel-build")))
     built = subprocess.run([str(ROOT / "tools" / "wheel.sh"), str(dist)], env=env, capture_output=True, text=True)
     if built.returncode != 0 and "No matching distribution found for ziglang" in built.stderr:
         pytest.skip("offline without ziglang: the glibc 2.28 link directory cannot be made (FLASHJAX_GLIBC228_DIR)")
