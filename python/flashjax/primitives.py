@@ -94,7 +94,7 @@ def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sin
 
 
 def _workspace_avals(workspace):
-    return [jax.core.ShapedArray(tuple(buffer["shape"]), jnp.dtype(buffer.get("dtype", "float32")))
+    return [jax.core.ShapedArray(tuple(buffer["shape"]), jnp.dtype(buffer["dtype"]))
             for buffer in workspace]
 
 

@@ -12,7 +12,7 @@
 // index order), so the earliest unfinished CTA never waits. Without a right edge to the band every CTA starts at
 // the first query block, and the order is by increasing key block, the launch order. With one (causal, windows),
 // later key blocks start at later query blocks and have fewer steps, so they go first twice over: the grid is
-// launched from the last key block (order()) and ranks count the later key blocks, so a CTA reaches each query
+// launched from the last key block (n_block()) and ranks count the later key blocks, so a CTA reaches each query
 // block after the ones ranked before it have passed it and rarely waits.
 #pragma once
 

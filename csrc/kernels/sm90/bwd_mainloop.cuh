@@ -295,19 +295,16 @@ struct BwdMainloopSm90 {
     for (int w = 0; w < kMmaWarpgroups; ++w) {
       cutlass::arch::NamedBarrier::arrive(kBarrierThreads, BwdNamedBarrier::dq_empty(w));
     }
-    const int counters_per_head = params.seqlen_q_rounded / kBwdDqSemaphoreRows;
     for (int h = 0; h < steps.group; ++h) {
-      const int head_q = steps.head_begin + h;
       for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
-        float* block =
-            params.dq_accum + Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, head_q, m_block) *
-                                  kHeadDim;
+        const int64_t rows = Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, steps.head_begin + h,
+                                               m_block);
+        float* block = params.dq_accum + rows * kHeadDim;
         int* counter = nullptr;
         int turn = 0;
         if (order.enabled()) {  // counted while the MMA warpgroups still work on the step
           turn = order.rank<kBlockM, kBlockN>(mask, n_block, num_n_blocks, m_block);
-          counter = order.semaphores + (int64_t(batch) * params.heads_q + head_q) * counters_per_head +
-                    m_block * (kBlockM / kBwdDqSemaphoreRows);
+          counter = order.semaphores + rows / kBwdDqSemaphoreRows;  // one counter per 64 rows of the slabs
         }
         CUTE_UNROLL
         for (int w = 0; w < kMmaWarpgroups; ++w) {
