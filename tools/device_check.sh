@@ -189,6 +189,8 @@ elif stage wheel; then
      done) | tee "$OUT/wheel_sizes.txt"
   fi
   WHEEL_FILE=$(ls "$OUT"/dist/*.whl 2>/dev/null | head -1)
+fi
+if stage wheel; then
   WV=$(mktemp -d)/venv  # a venv over python3's packages, made as the README's commands make theirs
   if [ -n "$WHEEL_FILE" ] && ! env -u PYTHONPATH FLASHJAX_VENV="$WV" FLASHJAX_SYSTEM_SITE_PACKAGES=1 \
        FLASHJAX_WHEELHOUSE="$WHEELHOUSE" tools/env.sh > "$OUT/wheel_venv.log" 2>&1; then
