@@ -11,8 +11,9 @@
 #   SANITIZE_ARGS (flashjax_sanitize flags, e.g. "--only 3"), SANITIZE_DRIVER (the driver binary; default: the one
 #   the build stage made, else one built in the newcomer stage's build), SANITIZE_PARALLEL=1 (the tools at once),
 #   WHEEL_FILE (a wheel built elsewhere for the wheel stage to install instead of building one) and WHEEL_TESTS (an
-#   archive of the tests/gpu of that wheel's commit), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL (the
-#   bench.py implementation and kernel-name regex the ncu stage profiles; default flashjax's forward).
+#   archive of the tests/gpu of that wheel's commit), SANITIZE_TIMEOUT (seconds per sanitizer run, default 300), NCU_IMPL / NCU_KERNEL / NCU_DIRS
+#   (the bench.py implementation, kernel-name regex and directions the ncu stage profiles; default flashjax's
+#   forward; e.g. NCU_KERNEL=bwd_kernel_sm90 NCU_DIRS=bwd for the sm90 backward).
 # Peers for bench.py that the machine lacks (e.g. flash_attn3_jax and einops, for --impls fa3) travel as wheels in
 # .devcarry/peers; they are unpacked into a temporary folder on PYTHONPATH (no network there: no pip resolution).
 set -uo pipefail
@@ -248,7 +249,7 @@ if stage ncu; then
       --clock-control "${NCU_CLOCK_CONTROL:-none}" --import-source no --kernel-name-base demangled \
       --kernel-name "regex:${NCU_KERNEL:-fwd_kernel_sm}" \
       --launch-skip 2 --launch-count 1 -f -o "$OUT/$tag" \
-      $PY bench/bench.py --rows "^$row\$" --dirs fwd --impls "${NCU_IMPL:-flashjax}" --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
+      $PY bench/bench.py --rows "^$row\$" --dirs "${NCU_DIRS:-fwd}" --impls "${NCU_IMPL:-flashjax}" --trials 1 --reps 3 > "$OUT/$tag.log" 2>&1
     rc=$?
     "$NCU" -i "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.source.csv" 2>&1
     { "$NCU" -i "$OUT/$tag.ncu-rep" --page details
