@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi, primitives, reference
+from . import _ffi, primitives, reference, sharding
 from .masks import MaskMod
 
 BACKENDS = ("auto", "kernel", "reference")
@@ -381,12 +381,27 @@ def flash_attn(q, k, v, *, causal=False, window_size=(-1, -1), softmax_scale=Non
     call = _dense_call(q, k, v, causal=causal, window_size=window_size, softmax_scale=softmax_scale, sinks=sinks,
                        softcap=softcap, mask_mod=mask_mod, return_lse=return_lse, deterministic=deterministic,
                        backend=backend)
-    path, _, plan = choose(call)
-    if path == "kernel":
-        out, lse = _kernel_attention(q, k, v, sinks, call.options, plan["head_dim"])
-    else:
-        out, lse = reference.attention(q, k, v, **_reference_kwargs(call.options, sinks))
+
+    def run(q, k, v, sinks, mask_mod):
+        path, _, plan = choose(call)
+        options = dataclasses.replace(call.options, mask_mod=mask_mod)
+        if path == "kernel":
+            return _kernel_attention(q, k, v, sinks, options, plan["head_dim"])
+        q, k, v = sharding.check("dense", q, k, v)
+        return reference.attention(q, k, v, **_reference_kwargs(options, sinks))
+
+    out, lse = _run_sharded(run, "dense", ("q", "rows"), q, k, v, sinks, mask_mod)
     return (out, lse) if return_lse else out
+
+
+def _run_sharded(run, kind, result_roles, q, k, v, *rest):
+    """run(q, k, v, *rest) under sharding.py's policy: with explicitly sharded operands (jax.make_mesh's default mesh)
+    the policy is applied now and the call runs with those axes made Auto, which the partitioner then splits by the
+    same policy; otherwise as it is (the partitioner applies the policy when the call is compiled)."""
+    found = sharding.explicit_split(kind, q, k, v)
+    if found is None:
+        return run(q, k, v, *rest)
+    return sharding.run_explicit(run, *found, result_roles, q, k, v, *rest)
 
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None, max_seqlen_k=None, seqused_q=None,
@@ -414,15 +429,21 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                         seqused_q=seqused_q, seqused_k=seqused_k, causal=causal, window_size=window_size,
                         softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, mask_mod=mask_mod,
                         return_lse=return_lse, deterministic=deterministic, backend=backend)
-    options = call.options
     operands = [q, k, v, cu_seqlens_q, cu_seqlens_k] + [x for x in (seqused_q, seqused_k, sinks) if x is not None]
     guarded = iter(primitives.varlen_guard_p.bind(*operands))
     q, k, v, cu_seqlens_q, cu_seqlens_k = (next(guarded) for _ in range(5))
     seqused_q, seqused_k, sinks = (None if x is None else next(guarded) for x in (seqused_q, seqused_k, sinks))
-    # No varlen kernel yet: the plan says so; choose() raises for backend="kernel" and warns once for "auto".
-    choose(call)
-    out, lse = reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
+
+    def run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, mask_mod):
+        # No varlen kernel yet: the plan says so; choose() raises for backend="kernel" and warns once for "auto".
+        choose(call)
+        options = dataclasses.replace(call.options, mask_mod=mask_mod)
+        q, k, v = sharding.check("varlen", q, k, v)
+        return reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
                                           seqused_k=seqused_k, **_reference_kwargs(options, sinks))
+
+    out, lse = _run_sharded(run, "varlen", ("packed_q", "packed_rows"), q, k, v, cu_seqlens_q, cu_seqlens_k,
+                            seqused_q, seqused_k, sinks, mask_mod)
     return (out, lse) if return_lse else out
 
 

@@ -11,6 +11,10 @@ and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] arra
 (the CUDA lowering then leaves it out of the FFI call, as it does bwd's dlse when has_dlse is False). The
 workspace of a kernel (the split forward's parts, the backward's accumulators) exists only inside the CUDA lowering,
 sized by the library's plan of the call: autodiff, vmap and the reference lowering never see it.
+
+Each primitive lowers through sharding.py's partitioning policy (batch and heads split over a mesh, no communication)
+into a local twin (`*_local_p`) that each device runs: the FFI call on CUDA, the reference elsewhere. On one device the
+twin is the whole call.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from . import _ffi
+from . import _ffi, sharding
 
 # Static parameters every primitive carries; they become FFI attributes of the exact C++ types. `deterministic` is a
 # parameter too, but it picks the backward's FFI target instead of travelling as an attribute.
@@ -33,9 +37,13 @@ _TARGET_PARAMS = ("deterministic",)
 fwd_p = Primitive("flashjax_fwd")
 tangent_p = Primitive("flashjax_tangent")
 bwd_p = Primitive("flashjax_bwd")
+# What one device runs of each: the three above are partitioned into these when lowered (sharding.register below).
+fwd_local_p = Primitive("flashjax_fwd_local")
+tangent_local_p = Primitive("flashjax_tangent_local")
+bwd_local_p = Primitive("flashjax_bwd_local")
 # Identity on its operands whose batching rule refuses vmap: varlen calls pass their arrays through it.
 varlen_guard_p = Primitive("flashjax_varlen_guard")
-for _p in (fwd_p, tangent_p, bwd_p, varlen_guard_p):
+for _p in (fwd_p, tangent_p, bwd_p, fwd_local_p, tangent_local_p, bwd_local_p, varlen_guard_p):
     _p.multiple_results = True
 
 
@@ -68,9 +76,10 @@ def _eager_impl(prim):
 
 for _p in (fwd_p, tangent_p, bwd_p, varlen_guard_p):
     _p.def_impl(_eager_impl(_p))
-fwd_p.def_abstract_eval(_fwd_abstract)
-tangent_p.def_abstract_eval(_tangent_abstract)
-bwd_p.def_abstract_eval(_bwd_abstract)
+for _p, _local in ((fwd_p, fwd_local_p), (tangent_p, tangent_local_p), (bwd_p, bwd_local_p)):
+    _abstract = {fwd_p: _fwd_abstract, tangent_p: _tangent_abstract, bwd_p: _bwd_abstract}[_p]
+    _p.def_abstract_eval(_abstract)
+    _local.def_abstract_eval(_abstract)
 varlen_guard_p.def_abstract_eval(lambda *xs: xs)
 
 
@@ -142,9 +151,12 @@ def _tangent_lowering(ctx, *args, **params):
         "call flash_attn(..., backend='reference') for forward mode. Reverse mode (jax.grad/vjp) runs the kernels.")
 
 
-mlir.register_lowering(fwd_p, _fwd_lowering, platform="cuda")
-mlir.register_lowering(bwd_p, _bwd_lowering, platform="cuda")
-mlir.register_lowering(tangent_p, _tangent_lowering, platform="cuda")
+mlir.register_lowering(fwd_local_p, _fwd_lowering, platform="cuda")
+mlir.register_lowering(bwd_local_p, _bwd_lowering, platform="cuda")
+mlir.register_lowering(tangent_local_p, _tangent_lowering, platform="cuda")
+sharding.register(fwd_p, "fwd", fwd_local_p.bind)
+sharding.register(tangent_p, "tangent", tangent_local_p.bind)
+sharding.register(bwd_p, "bwd", bwd_local_p.bind)
 mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 
 
@@ -255,11 +267,17 @@ def _reference_tangent(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
     return tangents
 
 
-def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **params):
-    _, vjp = jax.vjp(lambda *p: _reference_fn(*p, **params), q, k, v, sinks)
-    return vjp((dout, dlse))
+def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *, softmax_scale, softcap, window_left, window_right,
+                   has_sinks, has_dlse, deterministic=False):
+    # The kernels' contract: P and D from the given out and lse, which may be those of longer rows (ring.py).
+    from . import reference
+
+    dq, dk, dv, dsinks = reference.attention_vjp(
+        q, k, v, out, lse, dout, dlse, softmax_scale=softmax_scale, causal=False,
+        window_size=(window_left, window_right), sinks=sinks if has_sinks else None, softcap=softcap, mask_mod=None)
+    return dq, dk, dv, jnp.zeros_like(sinks) if dsinks is None else dsinks
 
 
-mlir.register_lowering(fwd_p, mlir.lower_fun(_reference_fn, multiple_results=True))
-mlir.register_lowering(tangent_p, mlir.lower_fun(_reference_tangent, multiple_results=True))
-mlir.register_lowering(bwd_p, mlir.lower_fun(_reference_bwd, multiple_results=True))
+mlir.register_lowering(fwd_local_p, mlir.lower_fun(_reference_fn, multiple_results=True))
+mlir.register_lowering(tangent_local_p, mlir.lower_fun(_reference_tangent, multiple_results=True))
+mlir.register_lowering(bwd_local_p, mlir.lower_fun(_reference_bwd, multiple_results=True))

@@ -22,7 +22,7 @@ from jax import lax
 
 from flashjax.masks import MaskMod
 
-__all__ = ["attention", "attention_varlen"]
+__all__ = ["attention", "attention_varlen", "attention_vjp"]
 
 # Largest f32 score matrix materialized at once (B * Hq * rows * Sk * 4 bytes);
 # beyond it the query rows are processed in chunks so CPU runs never OOM.
@@ -60,6 +60,37 @@ def attention(q, k, v, *, softmax_scale: float, causal: bool, window_size: tuple
 
     out, lse = _map_query_chunks(attend_rows, q.astype(_COMPUTE_DTYPE), heads_q * seqlen_k)
     return out.astype(q.dtype), lse
+
+
+def attention_vjp(q, k, v, out, lse, d_out, d_lse, *, softmax_scale: float, causal: bool, window_size: tuple, sinks,
+                  softcap: float, mask_mod: MaskMod | None):
+    """Gradients (dq, dk, dv, dsinks or None) of a dense call whose rows came out as (out, lse), as the backward
+    kernels compute them: from P = exp(s - lse) and D = rowsum(d_out * out) - d_lse, read rather than recomputed.
+
+    With (out, lse) of this very call that is autodiff of ``attention``. When the call's keys are one block of
+    longer rows (ring attention: out and lse are those of the whole row) it is the block's share of the row's
+    gradient. Computed as autodiff of ``attention`` with the cotangents moved onto the block's own (out_b, lse_b):
+    per row w = exp(lse_b - lse), d_out_b = w d_out, d_lse_b = w (d_out . out_b - d_out . out + d_lse), which turns
+    autodiff's dS = P_b (dP_b - D_b) into exactly P (dP - D). Rows whose lse_b equals lse (and NaN rows) take the
+    cotangents as given, so the first case is plain autodiff, bit for bit.
+    """
+    kwargs = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                  mask_mod=mask_mod)
+    if sinks is None:
+        (out_b, lse_b), pullback = jax.vjp(lambda q, k, v: attention(q, k, v, sinks=None, **kwargs), q, k, v)
+    else:
+        (out_b, lse_b), pullback = jax.vjp(lambda q, k, v, s: attention(q, k, v, sinks=s, **kwargs), q, k, v, sinks)
+    same = (lse_b == lse) | jnp.isnan(lse)
+    weight = jnp.where(same, 1.0, jnp.exp(jnp.where(same, 0.0, lse_b - lse)))  # [B, Hq, Sq]
+
+    def row_dot(o):  # d_out . o per row, [B, Hq, Sq]
+        return jnp.swapaxes(jnp.sum(d_out.astype(_COMPUTE_DTYPE) * o.astype(_COMPUTE_DTYPE), axis=-1), 1, 2)
+
+    d_out_b = jnp.where(jnp.swapaxes(same, 1, 2)[..., None], d_out,
+                        (jnp.swapaxes(weight, 1, 2)[..., None] * d_out.astype(_COMPUTE_DTYPE)).astype(d_out.dtype))
+    d_lse_b = jnp.where(same, d_lse, weight * (row_dot(out_b) - row_dot(out) + d_lse))
+    grads = pullback((d_out_b, d_lse_b))
+    return (*grads, None) if sinks is None else grads
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_k, softmax_scale: float,
