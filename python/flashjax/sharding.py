@@ -25,6 +25,7 @@ import jax
 from jax._src import dispatch  # custom_partitioning's lowering needs devices; no public spelling (jax 0.11, 0.12)
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
+import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -65,6 +66,17 @@ class Split:
         return PartitionSpec(*lead, *(by_kind.get(kind) for kind in _ROLE_DIMS[role]))
 
 
+class _Devices(str):
+    """A dimension split n ways whose mesh axes are unknown (the checks read XLA's own sharding: see `partitioned`)."""
+
+
+def _over(axes, axis_sizes) -> str:
+    shards = math.prod(axis_sizes[a] for a in axes)
+    if axes and all(isinstance(a, _Devices) for a in axes):
+        return f"{shards} devices"
+    return f"mesh axes {tuple(str(a) for a in axes)} ({shards} shards)"
+
+
 def _axes(entry) -> tuple[str, ...]:
     if entry is None:
         return ()
@@ -81,38 +93,35 @@ def decide(kind: str, axis_sizes: dict, dims: list, shapes: list, leads=None) ->
     """The split of a call whose operands are sharded as `dims` (per operand, per dimension, the mesh axes), or the
     ValueError that says why it cannot run per shard. `leads`: per operand, the extra leading (vmapped) dims."""
     names, roles, _ = SIGNATURES[kind]
-    leads = leads or (0,) * len(roles)
+    operands = [(name, role, lead, operand_dims[lead:], shape[lead:]) for name, role, lead, operand_dims, shape
+                in zip(names, roles, leads or (0,) * len(roles), dims, shapes)]
+    size = {}  # dimension kind -> length
     leader = None
-    for name, role, lead, operand_dims in zip(names, roles, leads, dims):
-        for i, (dim_kind, axes) in enumerate(zip(_ROLE_DIMS[role], operand_dims[lead:])):
+    for name, role, lead, operand_dims, shape in operands:
+        for i, (dim_kind, axes) in enumerate(zip(_ROLE_DIMS[role], operand_dims)):
+            size.setdefault(dim_kind, shape[i])
             if dim_kind.startswith("seq") and axes:
                 raise ValueError(
-                    f"flashjax: {name}'s sequence axis (dimension {lead + i}) is sharded over mesh axes {axes}, but "
-                    "flash_attn splits only the batch and the heads (attention needs every key for every query, and "
-                    "the alternative is gathering the whole sequence onto every device). To split the sequence, "
-                    "call flashjax.ring_attention inside jax.shard_map (docs/sharding.md); otherwise replicate that "
-                    "axis, e.g. with jax.lax.with_sharding_constraint")
-        split_dims = {k: a for k, a in zip(_ROLE_DIMS[role], operand_dims[lead:]) if k in ("batch", "heads_q",
-                                                                                             "heads_k")}
-        if leader is None and any(split_dims.values()):
-            leader = Split(split_dims.get("batch", ()), split_dims.get("heads_q", ()) or split_dims.get("heads_k", ()))
+                    f"flashjax: {name}'s sequence axis (dimension {lead + i}) is sharded over "
+                    f"{_over(axes, axis_sizes)}, but flash_attn splits only the batch and the heads (attention needs "
+                    "every key for every query, and the alternative is gathering the whole sequence onto every "
+                    "device). To split the sequence, call flashjax.ring_attention inside jax.shard_map "
+                    "(docs/sharding.md); otherwise replicate that axis, e.g. with jax.lax.with_sharding_constraint")
+        split = dict(zip(_ROLE_DIMS[role], operand_dims))
+        if leader is None and any(split.get(k) for k in ("batch", "heads_q", "heads_k")):
+            leader = Split(split.get("batch", ()), split.get("heads_q", ()) or split.get("heads_k", ()))
     leader = leader or Split((), ())
-    heads_k = next(shape[lead + _ROLE_DIMS[role].index("heads_k")]
-                   for role, lead, shape in zip(roles, leads, shapes) if "heads_k" in _ROLE_DIMS[role])
-    heads_q = next(shape[lead + _ROLE_DIMS[role].index("heads_q")]
-                   for role, lead, shape in zip(roles, leads, shapes) if "heads_q" in _ROLE_DIMS[role])
-    batch = next(shape[lead] for role, lead, shape in zip(roles, leads, shapes) if _ROLE_DIMS[role][0] == "batch") \
-        if leader.batch else 0
-    if batch % math.prod(axis_sizes[a] for a in leader.batch):
-        raise ValueError(f"flashjax: the batch ({batch}) must divide evenly over mesh axes {leader.batch} "
-                         f"({math.prod(axis_sizes[a] for a in leader.batch)} shards)")
+    shards = math.prod(axis_sizes[a] for a in leader.batch)
+    if leader.batch and size["batch"] % shards:
+        raise ValueError(f"flashjax: the batch ({size['batch']}) must divide evenly over "
+                         f"{_over(leader.batch, axis_sizes)}")
     shards = math.prod(axis_sizes[a] for a in leader.heads)
-    if heads_k % shards:
+    if size["heads_k"] % shards:
         raise ValueError(
-            f"flashjax: the heads are split over mesh axes {leader.heads} ({shards} shards), which must divide the "
-            f"{heads_k} key/value heads: each KV head stays on the devices of its {heads_q // heads_k} query heads "
-            f"(grouped-query attention, {heads_q} query heads). Split the heads a number of ways that divides "
-            f"{heads_k}, or replicate them")
+            f"flashjax: the heads are split over {_over(leader.heads, axis_sizes)}, and {shards} must divide the "
+            f"{size['heads_k']} key/value heads: each KV head stays on the devices of its "
+            f"{size['heads_q'] // size['heads_k']} query heads (grouped-query attention, {size['heads_q']} query "
+            f"heads). Split the heads a number of ways that divides {size['heads_k']}, or replicate them")
     return leader
 
 
@@ -124,6 +133,21 @@ def _sharding_of(x, ndim):
     if not isinstance(sharding, NamedSharding):
         raise TypeError(f"flashjax: partitioning needs NamedSharding operands (a mesh with named axes), got {sharding}")
     return _dims(sharding.spec, ndim)
+
+
+def _tiles_of(x, ndim):
+    """Per dimension, a stand-in axis for the number of devices it is split over, from XLA's sharding itself."""
+    if x.sharding is None:
+        return ((),) * ndim
+    hlo = x.sharding._to_xla_hlo_sharding(ndim)  # what custom_partitioning itself calls
+    tiles = (1,) * ndim if hlo.is_replicated() else tuple(hlo.tile_assignment_dimensions()[:ndim])
+    return tuple((_Devices(n),) if n > 1 else () for n in tiles)
+
+
+def _check_only(kind, leads, arg_shapes):
+    dims = [_tiles_of(x, len(x.shape)) for x in arg_shapes]
+    sizes = {a: int(a) for operand_dims in dims for d in operand_dims for a in d}
+    decide(kind, sizes, dims, [x.shape for x in arg_shapes], leads)
 
 
 def _plan(kind, leads, mesh, arg_shapes):
@@ -146,12 +170,13 @@ def _leads_of(kind, params):
 
 
 def _rule(kind, params, group):
-    """Shardy's einsum-like rule: batch b, sequences s and t, KV heads k and query heads (k g), and a factor of its own
-    for each head dim, which must be replicated."""
+    """Shardy's einsum-like rule: batch b, sequences s and t, query heads h, KV heads k (the same factor without
+    GQA), and a factor of its own for each head dim, which must be replicated. GQA's query heads are not the
+    compound factor (k g): Shardy would then give KV heads a part of a mesh axis (k over 2 of 4 devices), which a
+    NamedSharding cannot name; partition() gives each operand its heads' shards instead."""
     _, roles, result_roles = SIGNATURES[kind]
     leads = _leads_of(kind, params)
-    heads_q = "k" if group == 1 else "(k g)"
-    letters = {"batch": "b", "seq_q": "s", "seq_k": "t", "heads_q": heads_q, "heads_k": "k"}
+    letters = {"batch": "b", "seq_q": "s", "seq_k": "t", "heads_q": "h" if group > 1 else "k", "heads_k": "k"}
     replicated = []
 
     def mapping(role, lead, tag):
@@ -170,14 +195,18 @@ def _rule(kind, params, group):
     else:
         results = [mapping(role, 0, f"r{i}") for i, role in enumerate(result_roles)]
     rule = ", ".join(operands) + " -> " + ", ".join(results)
-    sizes = {"g": group} if group > 1 else {}
-    return rule, dict(need_replication_factors=tuple(replicated), **sizes)
+    return rule, dict(need_replication_factors=tuple(replicated))
 
 
 def partitioned(kind: str, local):
     """`local(*arrays, **params)` (the per-device computation, a tuple of results) as a function of
-    (params as a sorted tuple of items, *arrays) that XLA partitions by this module's policy."""
+    (params as a sorted tuple of items, *arrays) that XLA partitions by this module's policy.
+
+    The checks of the reference path (kinds "dense", "varlen") keep their operands' shardings and only validate
+    them, reading XLA's own shardings (decode_shardings=False): the reference's GQA reshape may give k a part of a
+    mesh axis, which jax cannot name as a NamedSharding and would fail on before the check could explain."""
     _, roles, result_roles = SIGNATURES[kind]
+    check_only = kind in ("dense", "varlen")
 
     def fn(params, *arrays):
         return tuple(local(*arrays, **dict(params)))
@@ -191,6 +220,10 @@ def partitioned(kind: str, local):
         return split, args, results
 
     def partition(params, mesh, arg_shapes, result_shape):
+        if check_only:
+            _check_only(kind, _leads_of(kind, params), arg_shapes)
+            given = tuple(x.sharding for x in arg_shapes)
+            return mesh, lambda *arrays: arrays, given, given
         split, args, results = shardings(kind, params, mesh, arg_shapes)
         has_sum = "heads_sum" in result_roles and dict(params).get("has_sinks") and split.batch
 
@@ -204,6 +237,8 @@ def partitioned(kind: str, local):
         return mesh, lower, results, args
 
     def infer(params, mesh, arg_shapes, result_shape):  # the GSPMD partitioner's question (Shardy reads the rule)
+        if check_only:
+            return tuple(x.sharding or NamedSharding(mesh, PartitionSpec()) for x in arg_shapes)
         try:
             return shardings(kind, params, mesh, arg_shapes)[2]
         except ValueError:
@@ -218,7 +253,8 @@ def partitioned(kind: str, local):
         return _rule(kind, params, heads["heads_q"] // max(heads["heads_k"], 1))
 
     wrapped = custom_partitioning(fn, static_argnums=(0,))
-    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule)
+    wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                          decode_shardings=not check_only)
     return wrapped
 
 
@@ -282,7 +318,7 @@ def _check_jvp(primals, tangents, **params):
 
 def _check_batching(args, dims, *, kind, leads):
     # A vmapped axis becomes an extra leading dim of that operand, which the policy does not look at.
-    moved = [x if d is None else batching.moveaxis(x, d, 0) for x, d in zip(args, dims)]
+    moved = [x if d is None else jnp.moveaxis(x, d, 0) for x, d in zip(args, dims)]
     leads = tuple(lead + (d is not None) for lead, d in zip(leads, dims))
     return check_p.bind(*moved, kind=kind, leads=leads), [None if d is None else 0 for d in dims]
 

@@ -4,6 +4,11 @@ if "JAX_PLATFORMS" not in os.environ:
     os.environ["JAX_PLATFORMS"] = "cpu"
     # tests/gpu/conftest.py reads this to say why GPU tests collected in the same process cannot run.
     os.environ["FLASHJAX_TESTS_PINNED_CPU"] = "1"
+# The sharding tests (test_sharding.py, test_ring.py) split calls over 8 virtual CPU devices. XLA reads the flag when
+# JAX creates its CPU client, so it is set here, before any test imports jax; every other test runs on device 0 as
+# before.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import contextlib
 import importlib.util
