@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import api, primitives, reference, ring_plan
+from . import api, primitives, reference, ring_plan, sharding
 
 _F32 = jnp.float32
 # Backends whose ring is differentiated by autodiff (forward mode included), not by the ring backward (custom_vjp).
@@ -167,7 +167,9 @@ def _ring_backward(residuals, cotangents, steps, axis_name, options):
     d_out = d_out.astype(q.dtype)  # what the backward kernels take, as from a single call
     ring_size = len(steps)
     dq = jnp.zeros(q.shape, _F32)
-    block, grads = (k, v), (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
+    # The barrier keeps XLA from merging these transfers with the forward's identical ones (CSE), which would keep
+    # every block the forward received alive until the backward: the ring's memory would grow with its size.
+    block, grads = lax.optimization_barrier((k, v)), (jnp.zeros(k.shape, _F32), jnp.zeros(v.shape, _F32))
     for t, step in enumerate(steps):
         following = _shift(block, axis_name, ring_size) if t + 1 < ring_size else None
         g_q, g_k, g_v = _run_step(step, functools.partial(_backward_case, options=options), axis_name, q, *block,
@@ -258,8 +260,12 @@ def _reorder(x, ring_size, axis, order, name):
     if length % (2 * ring_size):
         api._fail(ValueError, f"{name}'s x.shape[{axis}]", length,
                   f"a multiple of 2 * ring_size = {2 * ring_size} (the zigzag layout cuts it into equal chunks)")
-    chunks = x.reshape(x.shape[:axis] + (2 * ring_size, length // (2 * ring_size)) + x.shape[axis + 1:])
-    return jnp.take(chunks, jnp.asarray(order), axis=axis).reshape(x.shape)
+
+    def reorder(x):
+        chunks = x.reshape(x.shape[:axis] + (2 * ring_size, length // (2 * ring_size)) + x.shape[axis + 1:])
+        return jnp.take(chunks, jnp.asarray(order), axis=axis).reshape(x.shape)
+
+    return sharding.same_sharding(reorder, x)
 
 
 def to_zigzag(x, ring_size: int, *, axis: int = 1):

@@ -282,14 +282,29 @@ def explicit_split(kind: str, *arrays):
     errors are raised here), else None (Auto axes: the partitioner applies it when the call is compiled)."""
     types = [jax.typeof(x) for x in arrays]
     shardings = [getattr(t, "sharding", None) for t in types]
-    mesh = next((s.mesh for s in shardings if s is not None and any(
-        dict(zip(s.mesh.axis_names, s.mesh.axis_types))[a] == AxisType.Explicit
-        for entry in s.spec for a in _axes(entry))), None)
+    mesh = next((s.mesh for s in shardings if _is_explicit(s)), None)
     if mesh is None:
         return None
     dims = [_dims(s.spec, len(t.shape)) if s is not None and s.mesh == mesh else ((),) * len(t.shape)
             for s, t in zip(shardings, types)]
     return mesh, decide(kind, dict(mesh.shape), dims, [t.shape for t in types])
+
+
+def _is_explicit(sharding) -> bool:
+    """Whether a type's sharding names an Explicit mesh axis."""
+    if sharding is None or not hasattr(sharding, "spec"):
+        return False
+    types = dict(zip(sharding.mesh.axis_names, sharding.mesh.axis_types))
+    return any(types[a] == AxisType.Explicit for entry in sharding.spec for a in _axes(entry))
+
+
+def same_sharding(fn, x):
+    """fn(x) for an fn that moves data along x's axes (a permutation): with explicit axes it runs with them made Auto
+    (XLA moves the data) and its result keeps x's sharding."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if not _is_explicit(sharding):
+        return fn(x)
+    return jax.sharding.auto_axes(fn, out_sharding=sharding)(x)
 
 
 def run_explicit(fn, mesh, split: Split, result_roles, *args):

@@ -250,3 +250,18 @@ def test_zigzag_order_and_back():
     lse = jnp.swapaxes(x, 1, 2)
     np.testing.assert_array_equal(np.asarray(flashjax.from_zigzag(flashjax.to_zigzag(lse, 2, axis=2), 2, axis=2)),
                                   np.asarray(lse))
+
+
+def test_the_sharding_example_runs(capsys):
+    # examples/sharding.py, shown in docs/sharding.md: batch, heads and sequence split on one mesh of 8 devices.
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[2] / "examples" / "sharding.py"
+    spec = importlib.util.spec_from_file_location("sharding_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        example.main()
+    assert "gradients match" in capsys.readouterr().out
