@@ -2,7 +2,7 @@
 # Builds the release wheel for the CUDA toolkit it finds: flashjax-cu13 next to jax[cuda13] with nvcc 13,
 # flashjax-cu12 next to jax[cuda12] with nvcc 12 (CUDACXX picks the toolkit). Every kernel, the release
 # architectures (CMakeLists.txt's "release"), into dist/ or $1.
-#   1. stage the tree (tracked and untracked files that git does not ignore) with the package named after the
+#   1. stage the tree (tracked and untracked files that git does not ignore; all of it outside a git checkout) with the package named after the
 #      toolkit's major: pyproject.toml is flashjax-cu13's, and CMake refuses a name that does not match nvcc;
 #   2. pip wheel with scikit-build-core, without build isolation, from the venv's packages (so it works offline);
 #   3. auditwheel reads the glibc symbol versions and libraries the library needs: the wheel gets the manylinux tag
@@ -26,7 +26,12 @@ NAME=flashjax-cu$MAJOR
 
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$STAGE"
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$STAGE"
+else  # a source archive (no .git): everything but what builds, venvs and runs leave behind
+  tar --exclude=./build --exclude='./.venv*' --exclude=./.devcarry --exclude='*.so' --exclude=./bench/out \
+    --exclude='__pycache__' -cf - . | tar -xf - -C "$STAGE"
+fi
 sed -i -e "s/^name = \"flashjax-cu13\"/name = \"$NAME\"/" -e "s/jax\[cuda13\]/jax[cuda$MAJOR]/" "$STAGE/pyproject.toml"
 grep -q "^name = \"$NAME\"" "$STAGE/pyproject.toml" || { echo "flashjax: could not name the package $NAME" >&2; exit 1; }
 
