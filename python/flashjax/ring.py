@@ -62,14 +62,15 @@ def _add_sinks(out, lse, sinks):
 
 
 # ------------------------------------------------------------------------------------------------ one block
-def _block_options(q, k, v, window, options):
+def _block_keywords(window, options):
+    """flash_attn's keywords for one block: the ring's options with the block's own window."""
     return dict(window_size=window, softmax_scale=options.softmax_scale, softcap=options.softcap,
                 deterministic=options.deterministic, backend=options.backend)
 
 
 def _block_forward(q, k, v, window, options):
     """flash_attn of one block (out f32, lse), on whatever backend the call resolves to."""
-    out, lse = api.flash_attn(q, k, v, return_lse=True, **_block_options(q, k, v, window, options))
+    out, lse = api.flash_attn(q, k, v, return_lse=True, **_block_keywords(window, options))
     return out.astype(_F32), lse
 
 
@@ -77,7 +78,7 @@ def _block_grads(q, k, v, out, lse, d_out, d_lse, window, options):
     """(dq, dk, dv) f32 of one block whose rows belong to the merged (out, lse): the backward kernels read out and
     lse instead of recomputing them, so they give the block's share of the whole row's gradient; the reference
     does the same through reference.attention_vjp."""
-    call = api._dense_call(q, k, v, return_lse=True, **_block_options(q, k, v, window, options))
+    call = api._dense_call(q, k, v, return_lse=True, **_block_keywords(window, options))
     path, _, plan = api.choose(call)
     if path == "kernel":
         width = plan["head_dim"]

@@ -74,6 +74,27 @@ def test_grad_runs_fwd_and_bwd_and_matches_reference(seed, has_sinks, softcap):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
 
 
+def test_backward_given_longer_rows_gives_the_blocks_share():
+    # The kernels' contract, which the reference lowering keeps (reference.attention_vjp): given the out and lse of
+    # whole rows, the backward of one block of keys gives that block's share of the gradient (ring attention's
+    # blocks); the shares add up to the whole call's.
+    params = _params(has_sinks=False, window=(-1, -1), softcap=1.5)
+    q, k, v, sinks = _inputs(4)
+    ct_out, ct_lse = _cotangents(4)
+
+    @jax.jit
+    def shares(q, k, v, sinks, ct_out, ct_lse):
+        out, lse = primitives.forward(q, k, v, sinks, **params)
+        backward = lambda k, v: primitives.backward(q, k, v, out, lse, ct_out, ct_lse, sinks, has_dlse=True, **params)
+        return backward(k, v), [backward(k[:, a:b], v[:, a:b]) for a, b in ((0, 4), (4, SK))]
+
+    whole, (first, second) = shares(q, k, v, sinks, ct_out, ct_lse)
+    for name, got, want in (("dq", first[0] + second[0], whole[0]),
+                            ("dk", jnp.concatenate([first[1], second[1]], axis=1), whole[1]),
+                            ("dv", jnp.concatenate([first[2], second[2]], axis=1), whole[2])):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=name)
+
+
 def test_grad_through_lse_only():
     params = _params()
     args = _inputs(3)

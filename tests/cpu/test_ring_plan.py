@@ -5,19 +5,12 @@ import itertools
 import numpy as np
 import pytest
 
+import numpy_oracle as oracle
 from flashjax import ring_plan
 
 
 def _visible(seqlen_q, seqlen_k, left, right):
-    """docs/design.md §2.3 written out: bottom-right aligned band."""
-    i, j = np.arange(seqlen_q)[:, None], np.arange(seqlen_k)[None, :]
-    offset = seqlen_k - seqlen_q
-    visible = np.ones((seqlen_q, seqlen_k), bool)
-    if right >= 0:
-        visible &= j <= i + offset + right
-    if left >= 0:
-        visible &= j >= i + offset - left
-    return visible
+    return oracle.band(seqlen_q, seqlen_k, False, (left, right))  # docs/design.md §2.3, written from its text
 
 
 def _positions(layout, ring_size, device, length):
