@@ -131,7 +131,12 @@ def _sharding_of(x, ndim):
     if sharding is None:  # GSPMD asks before it knows every operand's sharding
         return ((),) * ndim
     if not isinstance(sharding, NamedSharding):
-        raise TypeError(f"flashjax: partitioning needs NamedSharding operands (a mesh with named axes), got {sharding}")
+        # Seen inside jax.shard_map with some mesh axes left Auto: XLA then names no mesh axes.
+        raise TypeError(
+            f"flashjax: the kernels' partitioning needs the mesh axes of the operands' sharding, and XLA gave "
+            f"{sharding}. Inside jax.shard_map, make every mesh axis manual (leave axis_names at its default, all "
+            "axes, with the batch and head axes in in_specs; docs/sharding.md's example does) rather than leaving "
+            "some of them Auto")
     return _dims(sharding.spec, ndim)
 
 

@@ -170,6 +170,23 @@ def test_batch_head_and_sequence_parallel_on_one_mesh(ring_backward):
                   jax.jit(lambda *a: _single(*a, causal=True))(q, k, v, sinks, ct_out, ct_lse))
 
 
+def test_auto_axes_left_inside_the_shard_map(monkeypatch):
+    # The ring's axis manual, the batch axis Auto: the reference path runs; the kernel path cannot be partitioned by
+    # mesh axes there and says what to do.
+    mesh = jax.make_mesh((2, 4), ("batch", "seq"), axis_types=(AxisType.Auto,) * 2)
+    q = jax.device_put(_inputs(11, 4, 4, 4, 2, 2)[0], jax.sharding.NamedSharding(mesh, P("batch", "seq")))
+    def attend():  # a new function each time: jit's cache does not know the path
+        return jax.jit(jax.shard_map(lambda q: flashjax.ring_attention(q, q, q, axis_name="seq", causal=True,
+                                                                       backend="reference"),
+                                     mesh=mesh, in_specs=P(None, "seq"), out_specs=P(None, "seq"), axis_names={"seq"}))
+
+    want = flashjax.flash_attn(jnp.asarray(q), jnp.asarray(q), jnp.asarray(q), causal=True, backend="reference")
+    np.testing.assert_allclose(np.asarray(attend()(q)), np.asarray(want), rtol=2e-5, atol=2e-5)
+    monkeypatch.setattr(api, "choose", lambda call, device_sm=None: ("kernel", "forced", {"head_dim": 64}))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="make every mesh axis manual"):
+        attend().lower(q).compile()
+
+
 def test_bf16_through_the_default_backend():
     # backend="auto" on the CPU: the reference in each block (a warning says so), the ring's own backward.
     q, k, v, sinks, ct_out, ct_lse = (None if x is None else x.astype(jnp.bfloat16) if x.ndim == 4 else x
