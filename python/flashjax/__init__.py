@@ -16,11 +16,12 @@ from . import _ffi  # noqa: E402
 from .api import explain, flash_attn, flash_attn_varlen, flash_mha, flash_mha_varlen  # noqa: E402
 from .masks import MaskMod, causal_mask, document_mask, prefix_lm_mask, sliding_window_mask, static  # noqa: E402
 from .ring import from_zigzag, ring_attention, to_zigzag  # noqa: E402
+from .varlen import check_varlen  # noqa: E402
 
 __version__ = "0.2.0"
 
 __all__ = [
-    "flash_attn", "flash_attn_varlen", "flash_mha", "flash_mha_varlen", "explain",
+    "flash_attn", "flash_attn_varlen", "flash_mha", "flash_mha_varlen", "explain", "check_varlen",
     "ring_attention", "to_zigzag", "from_zigzag",
     "MaskMod", "static", "causal_mask", "document_mask", "sliding_window_mask", "prefix_lm_mask",
 ]

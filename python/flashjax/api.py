@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi, primitives, reference, sharding
+from . import _ffi, primitives, reference, sharding, varlen
 from .masks import MaskMod
 
 BACKENDS = ("auto", "kernel", "reference")
@@ -414,8 +414,12 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
 
     Args:
       q: [Tq, Hq, D]; k: [Tk, Hk, D]; v: [Tk, Hk, Dv] (bfloat16 or float16, as flash_attn).
-      cu_seqlens_q, cu_seqlens_k: int32 [N + 1] offsets (runtime data: any values are safe, never read out of bounds).
-      max_seqlen_q, max_seqlen_k: optional hints (ints); no compile depends on the packing.
+      cu_seqlens_q, cu_seqlens_k: int32 [N + 1] offsets: from 0, nondecreasing, ending at or before the token count
+        (tokens past the end are padding). Concrete values are checked (ValueError naming the first bad entry);
+        under jit they are runtime data, never read out of bounds whatever they hold (flashjax.check_varlen checks
+        them there, through checkify).
+      max_seqlen_q, max_seqlen_k: optional hints (ints); no compile depends on the packing. With both, the reference
+        computes per sequence (cost ~ N x max_seqlen_q x max_seqlen_k) where they hold.
       seqused_q, seqused_k: optional int32 [N]: slot b uses only its first seqused[b] tokens (KV caches allocated
         larger than filled). Unused keys are invisible; unused query rows get out = 0 and zero gradients.
       The remaining keywords are those of flash_attn; causal/window are bottom-right aligned per sequence using the
@@ -429,6 +433,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                         seqused_q=seqused_q, seqused_k=seqused_k, causal=causal, window_size=window_size,
                         softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, mask_mod=mask_mod,
                         return_lse=return_lse, deterministic=deterministic, backend=backend)
+    varlen.check_concrete_call(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
     operands = [q, k, v, cu_seqlens_q, cu_seqlens_k] + [x for x in (seqused_q, seqused_k, sinks) if x is not None]
     guarded = iter(primitives.varlen_guard_p.bind(*operands))
     q, k, v, cu_seqlens_q, cu_seqlens_k = (next(guarded) for _ in range(5))
@@ -440,7 +445,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         options = dataclasses.replace(call.options, mask_mod=mask_mod)
         q, k, v = sharding.check("varlen", q, k, v)
         return reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
-                                          seqused_k=seqused_k, **_reference_kwargs(options, sinks))
+                                          seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                          **_reference_kwargs(options, sinks))
 
     out, lse = _run_sharded(run, "varlen", ("packed_q", "packed_rows"), q, k, v, cu_seqlens_q, cu_seqlens_k,
                             seqused_q, seqused_k, sinks, mask_mod)

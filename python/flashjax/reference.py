@@ -94,7 +94,8 @@ def attention_vjp(q, k, v, out, lse, d_out, d_lse, *, softmax_scale: float, caus
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_k, softmax_scale: float,
-                     causal: bool, window_size: tuple, sinks, softcap: float, mask_mod: MaskMod | None):
+                     causal: bool, window_size: tuple, sinks, softcap: float, mask_mod: MaskMod | None,
+                     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None):
     """Packed attention: q [Tq, Hq, D], k [Tk, Hk, D], v [Tk, Hk, Dv], cu_seqlens_* int32 [N + 1].
 
     Returns ``(out [Tq, Hq, Dv] in q.dtype, lse [Hq, Tq] f32)``. Sequence b is
@@ -110,6 +111,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_
     rows that are not there: out = 0 and lse = -inf even when sinks are given
     (the sink joins only real rows), with zero gradients. Unused tokens of q, k
     and v are replaced by zeros before use, so NaN there cannot leak.
+
+    With both ``max_seqlen_*`` hints the same values are computed per sequence
+    (N x max_seqlen_q x max_seqlen_k scores instead of Tq x Tk) wherever the
+    offsets are well formed and the hints hold; a run-time branch takes the
+    all-pairs evaluation otherwise, so a wrong hint costs time, never results.
     """
     num_seqs = cu_seqlens_q.shape[0] - 1
     total_q, heads_q, _ = q.shape
@@ -117,6 +123,23 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_
     if num_seqs == 0:
         return (jnp.zeros((total_q, heads_q, v.shape[-1]), q.dtype),
                 jnp.full((heads_q, total_q), -jnp.inf, jnp.float32))
+    kwargs = dict(seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, causal=causal,
+                  window_size=window_size, sinks=sinks, softcap=softcap, mask_mod=mask_mod)
+    if (max_seqlen_q is not None and max_seqlen_k is not None
+            and num_seqs * max(max_seqlen_q, 1) * max(max_seqlen_k, 1) < total_q * total_k):
+        hints = (max(int(max_seqlen_q), 1), max(int(max_seqlen_k), 1))
+        operands = (q, k, v, cu_seqlens_q, cu_seqlens_k)
+        return lax.cond(_packing_fits(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hints),
+                        lambda *x: _varlen_by_sequence(*x, hints=hints, **kwargs),
+                        lambda *x: _varlen_all_pairs(*x, **kwargs), *operands)
+    return _varlen_all_pairs(q, k, v, cu_seqlens_q, cu_seqlens_k, **kwargs)
+
+
+def _varlen_all_pairs(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_k, softmax_scale, causal,
+                      window_size, sinks, softcap, mask_mod):
+    """attention_varlen as its definition reads: every query row against every packed key, masked."""
+    total_q, heads_q, _ = q.shape
+    total_k = k.shape[0]
     left, right = _band_bounds(causal, window_size)
     used_q = _used_lengths(cu_seqlens_q, seqused_q)
     used_k = _used_lengths(cu_seqlens_k, seqused_k)
@@ -141,6 +164,56 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_
 
     out, lse = _map_query_chunks(attend_rows, q32, heads_q * total_k)
     return out[0].astype(q.dtype), lse[0]
+
+
+def _packing_fits(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hints):
+    """Whether the per-sequence evaluation sees exactly what the all-pairs one does: offsets that start at 0 or
+    later, never decrease and end inside the tokens (so each token belongs to the sequence whose slot holds it),
+    and no slot longer than its hint."""
+    def fits(cu, total, hint):
+        lengths = cu[1:] - cu[:-1]
+        return (cu[0] >= 0) & (cu[-1] <= total) & jnp.all(lengths >= 0) & jnp.all(lengths <= hint)
+    return fits(cu_seqlens_q, total_q, hints[0]) & fits(cu_seqlens_k, total_k, hints[1])
+
+
+def _varlen_by_sequence(q, k, v, cu_seqlens_q, cu_seqlens_k, *, hints, seqused_q, seqused_k, softmax_scale, causal,
+                        window_size, sinks, softcap, mask_mod):
+    """attention_varlen for offsets that _packing_fits: each sequence gathered into a [N, hint] slot of a dense
+    batch, attended there with its own lengths and band, and scattered back to its packed rows."""
+    max_q, max_k = hints
+    total_q, heads_q, _ = q.shape
+    left, right = _band_bounds(causal, window_size)
+    used_q = _used_lengths(cu_seqlens_q, seqused_q)
+    used_k = _used_lengths(cu_seqlens_k, seqused_k)
+
+    def gather(x, cu, width, used):  # [T, H, D] -> [N, width, H, D] f32, zero past each sequence's used tokens
+        padded = jnp.pad(x.astype(_COMPUTE_DTYPE), ((0, width), (0, 0), (0, 0)))
+        local = jnp.arange(width, dtype=jnp.int32)
+        rows = padded[cu[:-1, None] + local[None, :]]
+        return jnp.where((local[None, :] < used[:, None])[..., None, None], rows, 0)
+
+    q_slots = gather(q, cu_seqlens_q, max_q, used_q)
+    k_slots, v_slots = gather(k, cu_seqlens_k, max_k, used_k), gather(v, cu_seqlens_k, max_k, used_k)
+    seq_idx = jnp.arange(used_q.shape[0], dtype=jnp.int32).reshape(-1, 1, 1, 1)
+    head_idx = jnp.arange(heads_q, dtype=jnp.int32).reshape(1, heads_q, 1, 1)
+    kv_idx = jnp.arange(max_k, dtype=jnp.int32)[None, None, None, :]
+    lengths_q, lengths_k = used_q.reshape(-1, 1, 1, 1), used_k.reshape(-1, 1, 1, 1)
+
+    def attend_rows(q_rows, row_idx):
+        rows = row_idx[None, None, :, None]
+        row_valid = rows < lengths_q
+        visible = (row_valid & (kv_idx < lengths_k)
+                   & _band_visible(rows, kv_idx, lengths_k - lengths_q, left, right))
+        visible = _and_mask_mod(visible, mask_mod, seq_idx, head_idx, rows, kv_idx)
+        return _attend(q_rows, k_slots, v_slots, visible, row_valid=row_valid, sinks=sinks,
+                       softmax_scale=softmax_scale, softcap=softcap)
+
+    out_slots, lse_slots = _map_query_chunks(attend_rows, q_slots, heads_q * max_k)
+    seq, local, valid = _locate_tokens(cu_seqlens_q, used_q, jnp.arange(total_q, dtype=jnp.int32))
+    local = jnp.clip(local, 0, max_q - 1)
+    out = jnp.where(valid[:, None, None], out_slots[seq, local], 0)
+    lse = jnp.where(valid[None, :], lse_slots[seq, :, local].T, -jnp.inf)
+    return out.astype(q.dtype), lse
 
 
 def _band_bounds(causal: bool, window_size: tuple) -> tuple[int, int]:

@@ -324,16 +324,29 @@ def _varlen_fn(packing, kwargs):
     return fn
 
 
-@pytest.mark.parametrize("seed", range(VARLEN_CASES))
-def test_varlen_matches_oracle(seed):
-    """Packed forward and gradients, with NaN in every unused or padding token."""
+def _max_seqlen_hints(packing, hints):
+    """max_seqlen_q/k for the case: none, the longest slots ("tight": the per-sequence evaluation), or one token
+    short of them ("short": the run-time branch back to all pairs)."""
+    if hints == "none":
+        return {}
+    longest = [int(np.max(np.diff(packing[name]), initial=0)) for name in ("cu_seqlens_q", "cu_seqlens_k")]
+    if hints == "short":
+        longest = [max(n - 1, 1) for n in longest]
+    return dict(max_seqlen_q=longest[0], max_seqlen_k=longest[1])
+
+
+@pytest.mark.parametrize("seed,hints", [(seed, "none") for seed in range(VARLEN_CASES)]
+                         + [(seed, hints) for seed in range(VARLEN_CASES // 2) for hints in ("tight", "short")])
+def test_varlen_matches_oracle(seed, hints):
+    """Packed forward and gradients, with NaN in every unused or padding token; evaluated all pairs, and per
+    sequence with max_seqlen hints (and its fallback when the hints are short)."""
     dtype, options, mask_mod, (q64, k64, v64), packing, rng = _varlen_case(seed)
-    describe = f"varlen case {seed}: {packing} {q64.shape} {k64.shape} {v64.shape} {options} {mask_mod}"
+    describe = f"varlen case {seed} ({hints}): {packing} {q64.shape} {k64.shape} {v64.shape} {options} {mask_mod}"
     q, k, v = (jnp.asarray(x, dtype) for x in (q64, k64, v64))
     sinks = _sinks_array(options)
     d_out = jnp.asarray(rng.normal(size=q.shape[:2] + v.shape[-1:]), dtype)
     d_lse = jnp.asarray(rng.normal(size=(q.shape[1], q.shape[0])), jnp.float32)
-    fn = _varlen_fn(packing, _reference_kwargs(options, mask_mod))
+    fn = _varlen_fn(packing, {**_reference_kwargs(options, mask_mod), **_max_seqlen_hints(packing, hints)})
     out, lse, grads = _value_and_grads(fn, (q, k, v, sinks), (d_out, d_lse))
     expected = oracle.varlen_attention_with_grads(
         q64, k64, v64, **packing, d_out=np.asarray(d_out.astype(jnp.float32), np.float64),
