@@ -99,28 +99,26 @@ def _case_id(case):
                                                                                    keywords.items())
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_ring_backward_matches_one_call(case, ring_backward):
+def _assert_case_matches(case, seed):
     ring_size, layout, len_q, len_k, heads_q, heads_k, keywords = case
-    inputs = _inputs(len(CASES) + CASES.index(case), ring_size, len_q, len_k, heads_q, heads_k)
+    inputs = _inputs(seed, ring_size, len_q, len_k, heads_q, heads_k)
     got = jax.jit(lambda *a: _ringed(*a, ring_size=ring_size, layout=layout, **keywords))(*inputs)
     _assert_match(got, jax.jit(lambda *a: _single(*a, **keywords))(*inputs))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_ring_backward_matches_one_call(case, ring_backward):
+    _assert_case_matches(case, seed=len(CASES) + CASES.index(case))
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=_case_id)
 def test_kernel_path_blocks_match_one_call(case, kernel_path):
-    ring_size, layout, len_q, len_k, heads_q, heads_k, keywords = case
-    inputs = _inputs(100 + CASES.index(case), ring_size, len_q, len_k, heads_q, heads_k)
-    got = jax.jit(lambda *a: _ringed(*a, ring_size=ring_size, layout=layout, **keywords))(*inputs)
-    _assert_match(got, jax.jit(lambda *a: _single(*a, **keywords))(*inputs))
+    _assert_case_matches(case, seed=100 + CASES.index(case))
 
 
 @pytest.mark.parametrize("case", [CASES[2], CASES[4]], ids=_case_id)
 def test_autodiff_of_the_reference_ring_matches_one_call(case):
-    ring_size, layout, len_q, len_k, heads_q, heads_k, keywords = case
-    inputs = _inputs(200 + CASES.index(case), ring_size, len_q, len_k, heads_q, heads_k)
-    got = jax.jit(lambda *a: _ringed(*a, ring_size=ring_size, layout=layout, **keywords))(*inputs)
-    _assert_match(got, jax.jit(lambda *a: _single(*a, **keywords))(*inputs))
+    _assert_case_matches(case, seed=200 + CASES.index(case))
 
 
 @pytest.mark.parametrize("special", [np.inf, -np.inf, np.nan])
