@@ -1,0 +1,88 @@
+"""Runs generated mask-mod predicates on the host: the emitted C++ compiled by g++ with CUDA's qualifiers defined
+away, under AddressSanitizer and UndefinedBehaviorSanitizer, so the tests check the C++ text itself (XLA's
+semantics, no signed overflow or division UB, no read outside a field) on a machine without a GPU.
+
+Every case goes into one program, compiled once: the predicates under distinct function names, the field values
+and index grids as static arrays, one line of '0'/'1' per case on stdout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from flashjax.mask_trace import MAX_FIELD_RANK
+
+SANITIZERS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all")
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCase:
+    source: str  # a generated predicate module
+    function_name: str
+    fields: tuple  # int32 numpy arrays, graph order
+    indices: tuple  # 1-D int32 arrays b, h, q_idx, kv_idx; the program evaluates their outer product
+
+
+def compiler() -> str | None:
+    return shutil.which("g++")
+
+
+def _array(name: str, values: np.ndarray) -> str:
+    flat = np.asarray(values, np.int64).reshape(-1)
+    body = ", ".join(str(int(v)) if v != -2**31 else "(-2147483647 - 1)" for v in flat) or "0"
+    return f"static const int {name}[] = {{{body}}};"
+
+
+def _field_initializer(name: str, value: np.ndarray) -> str:
+    shape = list(value.shape) + [1] * (MAX_FIELD_RANK - value.ndim)
+    strides = [int(np.prod(shape[d + 1:value.ndim])) if d < value.ndim else 0 for d in range(MAX_FIELD_RANK)]
+    return f"FlashjaxMaskField{{{name}, {{{', '.join(map(str, strides))}}}, {{{', '.join(map(str, shape))}}}}}"
+
+
+def _case_function(k: int, case: HostCase) -> list[str]:
+    lines = [_array(f"case{k}_field{j}", f) for j, f in enumerate(case.fields)]
+    names = ("b", "h", "q", "kv")
+    lines += [_array(f"case{k}_{n}", i) for n, i in zip(names, case.indices)]
+    sizes = [len(i) for i in case.indices]
+    lines.append(f"static void run_case{k}() {{")
+    lines.append("  FlashjaxMaskFields f = {};")
+    lines += [f"  f.field[{j}] = {_field_initializer(f'case{k}_field{j}', np.asarray(v))};"
+              for j, v in enumerate(case.fields)]
+    loops = "".join(f"for (int i{d} = 0; i{d} < {n}; ++i{d}) " for d, n in enumerate(sizes))
+    call = ", ".join(f"case{k}_{n}[i{d}]" for d, n in enumerate(names))
+    lines.append(f"  {loops}putchar({case.function_name}({call}, f) ? '1' : '0');")
+    lines += ["  putchar('\\n');", "}"]
+    return lines
+
+
+def program_source(cases: list[HostCase]) -> str:
+    lines = ["#include <cstdio>", "#define __device__", "#define __forceinline__ inline"]
+    lines += [case.source for case in cases]
+    for k, case in enumerate(cases):
+        lines += _case_function(k, case)
+    lines.append("int main() {")
+    lines += [f"  run_case{k}();" for k in range(len(cases))]
+    lines += ["  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def run_on_host(cases: list[HostCase], workdir: Path) -> list[np.ndarray]:
+    """Each case's predicate values, bool [nb, nh, nq, nk]; raises with the sanitizer's report on any UB."""
+    source, binary = workdir / "host_masks.cpp", workdir / "host_masks"
+    source.write_text(program_source(cases))
+    build = subprocess.run([compiler(), "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter",
+                            "-Wno-unused-function", *SANITIZERS, str(source), "-o", str(binary)],
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        raise AssertionError(f"g++ rejected the generated predicates ({source}):\n{build.stderr[-4000:]}")
+    result = subprocess.run([str(binary)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(f"host predicate program failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    rows = result.stdout.split("\n")
+    return [np.frombuffer(row.encode(), np.uint8).reshape([len(i) for i in case.indices]) == ord("1")
+            for row, case in zip(rows, cases)]
