@@ -25,7 +25,7 @@ import numpy as np
 
 from flashjax.mask_ops import OPS
 
-__all__ = ["INDEX_NAMES", "Node", "FieldSpec", "ConstTable", "MaskGraph", "GraphBuilder"]
+__all__ = ["INDEX_NAMES", "Node", "FieldSpec", "ConstTable", "MaskGraph", "GraphBuilder", "OperandDtypeError"]
 
 INDEX_NAMES = ("b", "h", "q_idx", "kv_idx")
 DTYPES = ("bool", "int32")
@@ -169,6 +169,10 @@ class GraphBuilder:
         return None
 
 
+class OperandDtypeError(TypeError):
+    """An operation given operand dtypes it does not take (e.g. add on bool)."""
+
+
 def _check_operands(name: str, kind: str, dtypes: tuple[str, ...]) -> None:
     if kind == "select":
         ok = dtypes[0] == "bool" and dtypes[1] == dtypes[2]
@@ -177,4 +181,4 @@ def _check_operands(name: str, kind: str, dtypes: tuple[str, ...]) -> None:
     else:
         ok = all(d == kind for d in dtypes)
     if not ok:
-        raise TypeError(f"graph op {name} does not take operands of dtypes {dtypes}")
+        raise OperandDtypeError(f"graph op {name} does not take operands of dtypes {dtypes}")

@@ -171,6 +171,23 @@ class RowThenColumn(MaskMod):
         return (window[1] == row[kv_idx]) | (window[3] > window[0])
 
 
+@jax.custom_vjp
+def _doubled(x):
+    return x * 2
+
+
+_doubled.defvjp(lambda x: (_doubled(x), None), lambda residual, g: (g,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Wrapped(MaskMod):
+    """Code inside jax's wrappers: a custom_jvp (relu), a custom_vjp, jax.checkpoint and a nested jit."""
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        shifted = jax.checkpoint(lambda x: x + 1)(q_idx)
+        return (jax.nn.relu(q_idx - kv_idx) > 2) | (_doubled(kv_idx) > shifted) | jax.jit(lambda x: x < 1)(b)
+
+
 @dataclasses.dataclass(frozen=True)
 class BothOf(MaskMod):
     """Two mods ANDed: fields nested one pytree level down."""
@@ -219,6 +236,7 @@ CASES = [
     Case("static_tokens", lambda rng: StaticTokens((0, 5, 17, 23))),
     Case("array_intermediates", lambda rng: ArrayIntermediates(
         _ints(rng, (BATCH, SEQLEN), -9, 9), np.int32(rng.integers(-3, 3)), rng.random(SEQLEN) < 0.2)),
+    Case("wrapped", lambda rng: Wrapped()),
     Case("both_of", lambda rng: BothOf(masks.document_mask(_doc_ids(rng, BATCH)),
                                        PrefixLMWindow(_ints(rng, (1,), 0, SEQLEN), window=6))),
 ]

@@ -180,6 +180,12 @@ class LongReduction(MaskMod):
 
 
 @dataclasses.dataclass(frozen=True)
+class LargeConstant(MaskMod):
+    def __call__(self, b, h, q_idx, kv_idx):
+        return jnp.asarray(np.arange(5000, dtype=np.int32))[kv_idx] < q_idx
+
+
+@dataclasses.dataclass(frozen=True)
 class FloatField(MaskMod):
     weights: jax.Array
 
@@ -206,6 +212,7 @@ class NarrowCast(MaskMod):
     (WhileLoop(), "while"),
     (CumulativeSum((1, 2, 3)), "cumsum"),
     (LongReduction(np.zeros(1024, np.int32)), "reduce_or"),
+    (LargeConstant(), "a constant array of 5000 elements"),
     (FloatField(np.zeros(8, np.float32)), "field weights of dtype float32"),
     (PythonBranch(), "its __call__ on scalar indices"),
     (NarrowCast(), "convert_element_type"),
@@ -236,6 +243,15 @@ def test_every_case_compiles_with_nvrtc(arch, tmp_path, monkeypatch):
             assert b"flashjax_mask_mod_probe" in binary.data
         else:
             assert binary.data[:4] == b"\x7fELF"
+
+
+@needs_nvrtc
+def test_an_external_predicate_compiles_for_separate_linking():
+    graph = generate_mask_mod(masks.document_mask(np.zeros((2, 16), np.int32))).graph
+    source = emit_mask_mod_source(graph, external=True)
+    assert 'extern "C" __device__ bool flashjax_mask_mod(' in source
+    relocatable = compile_cuda(source, arch="sm_90", options=("-rdc=true",))
+    assert relocatable.kind == "cubin" and b"flashjax_mask_mod" in relocatable.data
 
 
 @needs_nvrtc
