@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Compile-checks kernel instantiations without a GPU and prints ptxas' register / spill / stack report per kernel
 # and the compile time per arch. The translation unit is the generated one (tools/gen_kernels.py --print).
-# Portable families compile for sm_80 and sm_90a; arch-specific ones (sm90) for sm_90a only, and for those a small
-# host program also prints the dynamic shared memory per tile configuration (ptxas does not see it).
-# Usage: tools/check_compile.sh FAMILY DIRECTION [bf16|fp16] [head_dim ...]     e.g. tools/check_compile.sh sm80 bwd bf16 64 128
+# Portable families compile for sm_80 and sm_90a (CHECK_ARCHS overrides); arch-specific ones (sm90) for sm_90a only,
+# and for those a small host program also prints the dynamic shared memory per tile configuration (ptxas does not
+# see it).
+# Usage: tools/check_compile.sh FAMILY DIRECTION [bf16|fp16] [head_dim[:smem_kb] ...]
+#   e.g. tools/check_compile.sh sm80 bwd bf16 64 128 128:99   (128:99: the sm80 row whose tiles fit 99 KB; a plain
+#   head dim is the family's first budget, gen_kernels.py's SMEM_BUDGETS)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 family="${1:?family (sm80, sm90)}"
@@ -21,6 +24,8 @@ case "$family" in
   sm90) archs=(sm_90a) ;;
   *) archs=(sm_80 sm_90a) ;;
 esac
+# CHECK_ARCHS="sm_80 sm_120" overrides the list (e.g. the release build's sm_100 / sm_120 for the portable family).
+[[ -n ${CHECK_ARCHS:-} ]] && read -r -a archs <<<"$CHECK_ARCHS"
 nvcc="${NVCC:-/usr/local/cuda/bin/nvcc}"
 python="${PYTHON:-$repo/.venv/bin/python}"
 cutlass_include="${CUTLASS_INCLUDE:-$("$python" -c 'import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include"))')}"
@@ -29,10 +34,14 @@ flags=(-std=c++17 --expt-relaxed-constexpr -O3 -DCUTE_SM90_EXTENDED_MMA_SHAPES_E
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-for hdim in "${head_dims[@]}"; do
-  "$python" "$repo/tools/gen_kernels.py" --print "$family" "$direction" "$dtype" "$hdim" >"$work/instance.cu"
+for row in "${head_dims[@]}"; do
+  hdim=${row%%:*}
+  budget=()
+  [[ $row == *:* ]] && budget=("${row#*:}")
+  "$python" "$repo/tools/gen_kernels.py" --print "$family" "$direction" "$dtype" "$hdim" "${budget[@]}" \
+    >"$work/instance.cu"
   for arch in "${archs[@]}"; do
-    echo "== $family $direction $dtype hdim $hdim, $arch"
+    echo "== $family $direction $dtype hdim $hdim${budget:+ (${budget} KB row)}, $arch"
     start=$(date +%s)
     status=0
     "$nvcc" "${flags[@]}" -gencode="arch=compute_${arch#sm_},code=$arch" -Xptxas -v \

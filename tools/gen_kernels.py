@@ -2,24 +2,27 @@
 """Generate the kernel instantiation files and the dispatch tables from one spec table.
 
 The table below is the only place that says which kernels exist. Running this script rewrites
-  csrc/kernels/generated/<family>_<direction>_<dtype>_hdim<D>.cu   one explicit instantiation each
+  csrc/kernels/generated/<family>_<direction>_<dtype>_hdim<D>[_smem<KB>].cu   one explicit instantiation each
   csrc/kernels/generated/kernel_table_{full,ci,bench}.inc            X-macro rows for csrc/ffi/kernel_table.cpp
   csrc/kernels/generated/kernels.cmake                               source lists per kernel set
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
 Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
   full    every row of the spec table: 4 (family, direction) pairs x 2 dtypes x their head dims (5 each; the sm90
-          backward 64 and 128 so far) = 34 kernels
-  ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once
+          backward 64 and 128 so far), and the sm80 family's 99 KB rows (forward 256, backward 96-256) = 44 kernels
+  ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once,
+          and the sm80 backward's D 256 99 KB row (V in registers, 32-key CTAs)
   bench   BENCH_SET: the sm90 forward and sm80 backward, bf16, D 64/128/192/256, for kernel experiments
   none    no kernels (the host code and Python alone; every call then takes the reference)
 
 Each row names three functions of its family's launch.h, defined next to run_<direction> and instantiated with it
-here: run_<direction> itself; <direction>_smem_bytes<Element, D>(), the dynamic shared memory per block its launches
-request, computed from the kernel's own types, which the plan compares with the device's limit (sm86/89/120 allow
-99 KB per block, sm80 163 KB, sm90 227 KB); and <direction>_choices<Element, D>(), the family's per-call choices
-(tiles, GQA packing, key splits) that the plan asks. Nothing here restates a kernel's layout, so a tile or storage
-change in a kernel header needs no edit here. `python -m flashjax` (or flashjax._ffi.build_info()) prints the figures.
+here: run_<direction> itself; <direction>_smem_bytes<Element, D[, KB]>(), the dynamic shared memory per block its
+launches request, computed from the kernel's own types, which the plan compares with the device's limit (sm86/89/120
+allow 99 KB per block, sm80 163 KB, sm90 and sm100 227 KB); and <direction>_choices<Element, D[, KB]>(), the family's
+per-call choices (tiles, GQA packing, key splits) that the plan asks. A family with shared-memory budgets (SMEM_BUDGETS)
+takes the budget its tiles are chosen for as a third template argument. Nothing here restates a kernel's layout, so a
+tile or storage change in a kernel header needs no edit here. `python -m flashjax` (or flashjax._ffi.build_info())
+prints the figures.
 """
 from __future__ import annotations
 
@@ -47,6 +50,14 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 # Families that compile fewer head dims (the others fall back to a family that has them: dispatch picks the newest
 # family with a row for the call's width).
 FAMILY_HEAD_DIMS = {("sm90", "bwd"): (64, 128)}
+# Shared-memory budgets, in KB per block, that a family's tiles are compiled for, with the head dims of each: the
+# launchers take the budget as a template argument, the tile-size functions (kernels/sm80/{fwd,bwd}_tile_sizes.cuh)
+# return the largest configuration that fits it, and dispatch takes the row with the most shared memory that fits the
+# device. 163 KB is sm80's limit (sm90 and sm100, 227 KB, run the same rows); 99 KB that of sm86, sm89 and sm120,
+# compiled only where the 163 KB tiles need more than 99 KB. tests/cpp/test_sm80_tiles.cu checks both against the
+# kernels' own figures: every width has a row that fits 99 KB, and no 99 KB row repeats its 163 KB row.
+SMEM_BUDGETS = {("sm80", "fwd"): {163: HEAD_DIMS, 99: (256,)},
+                ("sm80", "bwd"): {163: HEAD_DIMS, 99: (96, 128, 192, 256)}}
 
 # Backward families that can add their dq partials in a fixed order (deterministic=True); the plan refuses such
 # calls to the others, which then run the reference. The sm90 backward orders its dQ writers by per-query-block
@@ -54,44 +65,57 @@ FAMILY_HEAD_DIMS = {("sm90", "bwd"): (64, 128)}
 # and the sanitizer's deterministic configs.
 DETERMINISTIC: set[tuple[str, str]] = {("sm90", "bwd")}
 
-# The small set CI builds on 2 cores: enough to compile every stage of every family once.
-CI_SET = {("sm80", "fwd", "bf16", 64), ("sm80", "bwd", "bf16", 64), ("sm90", "fwd", "bf16", 64),
-          ("sm90", "bwd", "bf16", 64)}
+# The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
+# 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,
+# direction, dtype, head dim, shared-memory budget in KB or None).)
+CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 256, 99),
+          ("sm90", "fwd", "bf16", 64, None), ("sm90", "bwd", "bf16", 64, None)}
 # The set a Hopper forward experiment needs (bench.py's grid rows: bf16, D 64/128/256, and 192 for
 # `--hdims 192 --hidden 1920`), so that kernel variants rebuild in minutes and are compared with
 # lab/tools/compare_builds.sh. The backward kernels are there because
 # flash_attn takes the kernel path only where both directions have one (api.plan); they compile once per build
 # directory. Not for tests: no fp16, no other head dims, no sm80 forward.
-BENCH_SET = ({(f, d, "bf16", h) for f, d in (("sm90", "fwd"), ("sm80", "bwd")) for h in (64, 128, 192, 256)}
-             | {("sm90", "bwd", "bf16", h) for h in (64, 128)})
+BENCH_SET = ({(f, d, "bf16", h, b) for f, d, b in (("sm90", "fwd", None), ("sm80", "bwd", 163))
+              for h in (64, 128, 192, 256)}
+             | {("sm90", "bwd", "bf16", h, None) for h in (64, 128)})
 
 
 def spec_table():
     for (family, direction), dtype in itertools.product(FAMILIES, DTYPES):
-        for hdim in FAMILY_HEAD_DIMS.get((family, direction), HEAD_DIMS):
-            yield family, direction, dtype, hdim
+        head_dims = FAMILY_HEAD_DIMS.get((family, direction), HEAD_DIMS)
+        budgets = SMEM_BUDGETS.get((family, direction), {None: head_dims})
+        for budget, hdims in budgets.items():
+            for hdim in hdims:
+                yield family, direction, dtype, hdim, budget
 
 
-def instantiation(family, direction, dtype, hdim):
+def template_args(dtype, hdim, budget):
+    return f"{DTYPES[dtype][0]}, {hdim}" + ("" if budget is None else f", {budget}")
+
+
+def instantiation(family, direction, dtype, hdim, budget=None):
     header, params = FAMILIES[(family, direction)]
-    element = DTYPES[dtype][0]
+    args = template_args(dtype, hdim, budget)
     return (f"{HEADER}#include \"{header}\"\n\n"
-            f"template cudaError_t flashjax::{family}::run_{direction}<{element}, {hdim}>(\n"
+            f"template cudaError_t flashjax::{family}::run_{direction}<{args}>(\n"
             f"    const flashjax::{params}&, cudaStream_t);\n"
-            f"template int flashjax::{family}::{direction}_smem_bytes<{element}, {hdim}>();\n"
-            f"template flashjax::FamilyChoices flashjax::{family}::{direction}_choices<{element}, {hdim}>(\n"
+            f"template int flashjax::{family}::{direction}_smem_bytes<{args}>();\n"
+            f"template flashjax::FamilyChoices flashjax::{family}::{direction}_choices<{args}>(\n"
             f"    const flashjax::AttnShape&, const flashjax::ChoiceQuery&);\n")
 
 
-def file_name(family, direction, dtype, hdim):
-    return f"{family}_{direction}_{dtype}_hdim{hdim}.cu"
+def file_name(family, direction, dtype, hdim, budget):
+    # The default budget of a family (its first) keeps the plain name.
+    default = next(iter(SMEM_BUDGETS.get((family, direction), {None: ()})))
+    return f"{family}_{direction}_{dtype}_hdim{hdim}" + ("" if budget == default else f"_smem{budget}") + ".cu"
 
 
 def table_rows(entries):
+    # Template arguments go in parentheses (one macro argument; kernel_table.cpp unwraps them).
     rows = []
-    for f, d, t, h in entries:
+    for f, d, t, h, b in entries:
         row = (f"FLASHJAX_KERNEL({f}, run_{d}, Direction::k{d.capitalize()}, {FAMILIES[(f, d)][1]}, "
-               f"DType::{DTYPES[t][1]}, {DTYPES[t][0]}, {h}, {str(f in ARCH_SPECIFIC).lower()}, "
+               f"DType::{DTYPES[t][1]}, ({template_args(t, h, b)}), {h}, {str(f in ARCH_SPECIFIC).lower()}, "
                f"{d}_smem_bytes, {d}_choices, {str((f, d) in DETERMINISTIC).lower()})")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
@@ -124,12 +148,19 @@ def render():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed files are stale")
-    parser.add_argument("--print", nargs=4, metavar=("FAMILY", "DIRECTION", "DTYPE", "HDIM"),
-                        help="print one instantiation file (tools/check_compile.sh compiles it)")
+    parser.add_argument("--print", nargs="+", metavar="ARG",
+                        help="FAMILY DIRECTION DTYPE HDIM [SMEM_KB]: print one instantiation file "
+                             "(tools/check_compile.sh compiles it); SMEM_KB defaults to the family's first budget")
     args = parser.parse_args()
     if args.print:
-        family, direction, dtype, hdim = args.print
-        print(instantiation(family, direction, dtype, int(hdim)), end="")
+        if len(args.print) not in (4, 5):
+            parser.error("--print takes FAMILY DIRECTION DTYPE HDIM [SMEM_KB]")
+        family, direction, dtype, hdim = args.print[:4]
+        budgets = list(SMEM_BUDGETS.get((family, direction), {None: ()}))
+        budget = int(args.print[4]) if len(args.print) == 5 else budgets[0]
+        if budget not in budgets:
+            parser.error(f"{family} {direction} compiles the budgets {budgets}, not {budget}")
+        print(instantiation(family, direction, dtype, int(hdim), budget), end="")
         return 0
     files = render()
     stale = [n for n, text in files.items()

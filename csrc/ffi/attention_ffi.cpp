@@ -144,7 +144,7 @@ PassPlan plan_for(int32_t ordinal, Direction direction, const AttnShape& shape, 
   const Problem problem = problem_of(shape, has_sinks, num_splits, deterministic);
   DeviceProps device;
   device.sm = device_sm(ordinal);
-  device.smem_per_block_optin = device_smem_per_block_optin(ordinal);
+  device.smem_per_block_optin = dispatch_smem_limit(device.sm, device_smem_per_block_optin(ordinal));
   return plan_pass(direction, problem, device, enabled_kernel_table(), compiled_archs(), explain);
 }
 

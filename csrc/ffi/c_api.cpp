@@ -55,6 +55,7 @@ std::string build_info_json() {
                (e.direction == flashjax::Direction::kFwd ? "fwd" : "bwd") + "\", \"dtype\": \"" +
                dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) +
                ", \"smem_bytes\": " + std::to_string(e.smem_bytes) +
+               ", \"arch_specific\": " + (e.arch_specific ? "true" : "false") +
                ", \"deterministic\": " + (e.deterministic ? "true" : "false") + "}";
   }
   for (const flashjax::SettingInfo& s : flashjax::kSettings) {
@@ -102,7 +103,7 @@ FLASHJAX_EXPORT int flashjax_plan(const flashjax_problem* problem, const flashja
   p.num_splits = problem->num_splits;
   flashjax::DeviceProps d;
   d.sm = device->sm;
-  d.smem_per_block_optin = device->smem_per_block_optin;
+  d.smem_per_block_optin = flashjax::dispatch_smem_limit(device->sm, device->smem_per_block_optin);
   d.num_sms = device->num_sms;
   const std::string text = flashjax::plan_json(
       flashjax::plan_call(p, d, flashjax::enabled_kernel_table(), flashjax::compiled_archs()));

@@ -113,8 +113,9 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   }
   if (smem_per_block_optin <= 0) smem_per_block_optin = max_smem_per_block_optin(device_sm);
   // Among the entries that match and whose shared memory the device holds, prefer the family written for the
-  // newest arch the device has (the table is small; a linear scan keeps the rule obvious).
-  const KernelEntry* too_big = nullptr;  // the newest matching family refused for its shared memory
+  // newest arch the device has, and of its rows (one per shared-memory budget its tiles are compiled for) the one
+  // with the most shared memory: the largest tiles that fit. The table is small; a linear scan keeps the rule obvious.
+  const KernelEntry* too_big = nullptr;  // the newest matching family refused for its shared memory (its least)
   const bool ordered = problem.deterministic && problem.direction == Direction::kBwd;
   const KernelEntry* unordered = nullptr;  // a matching kernel refused because it cannot order its dq sums
   for (const KernelEntry& entry : table) {
@@ -128,8 +129,13 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
       unordered = &entry;
       continue;
     }
-    const KernelEntry*& slot = entry.smem_bytes > smem_per_block_optin ? too_big : choice.kernel;
-    if (slot == nullptr || family_sm > family_min_sm(slot->family)) slot = &entry;
+    const bool fits = entry.smem_bytes <= smem_per_block_optin;
+    const KernelEntry*& slot = fits ? choice.kernel : too_big;
+    const int slot_sm = slot != nullptr ? family_min_sm(slot->family) : 0;
+    if (slot == nullptr || family_sm > slot_sm ||
+        (family_sm == slot_sm && (fits ? entry.smem_bytes > slot->smem_bytes : entry.smem_bytes < slot->smem_bytes))) {
+      slot = &entry;
+    }
   }
   if (choice.kernel == nullptr && too_big != nullptr) {
     choice.reason = std::string("the ") + too_big->family + " " + direction_name(problem.direction) +
@@ -155,6 +161,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
       choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +
                        " of shared memory per block, more than sm_" + std::to_string(device_sm) + " allows (" +
                        kb(smem_per_block_optin) + ")";
+    } else if (too_big != nullptr && too_big->family == std::string_view(choice.kernel->family)) {
+      choice.reason += std::string("; its smaller tiles (") + kb(choice.kernel->smem_bytes) +
+                       " of shared memory per block): the larger ones need " + kb(too_big->smem_bytes) + ", sm_" +
+                       std::to_string(device_sm) + " allows " + kb(smem_per_block_optin);
     }
   } else {
     choice.reason = std::string("no ") + direction_name(problem.direction) + " kernel for " +

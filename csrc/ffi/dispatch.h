@@ -22,7 +22,9 @@ struct KernelEntry {
   int32_t head_dim;
   bool arch_specific;  // uses instructions of its own arch only (sm90: wgmma, setmaxnreg): runs there alone
   // Dynamic shared memory per block the kernel launches with, in bytes (the largest of its tile configurations).
-  // kernel_table() fills it from the kernel's own <direction>_smem_bytes<Element, D>() (its family's launch.h).
+  // kernel_table() fills it from the kernel's own <direction>_smem_bytes<Element, D>() (its family's launch.h). A
+  // family may have several rows of one (direction, dtype, head dim), with tiles for different shared-memory
+  // budgets: dispatch takes the one with the most shared memory that the device holds.
   int32_t smem_bytes;
   const void* launch;  // cudaError_t (*)(const FwdParams&, cudaStream_t) or the BwdParams twin
   ChoiceFn choices;    // the family's per-call choices for this kernel (its launch.h's <direction>_choices)
@@ -61,8 +63,10 @@ int32_t padded_head_dim(int32_t head_dim);
 // sm80 on (the least of every arch since Ampere), 48 KB (what any CUDA device allows) before.
 int32_t max_smem_per_block_optin(int device_sm);
 
-// The kernel for `problem` on a device of compute capability `device_sm`, or none with the reason. Kernels that
-// need more dynamic shared memory per block than `smem_per_block_optin` bytes are refused; <= 0 means
+// The kernel for `problem` on a device of compute capability `device_sm`, or none with the reason: of the rows that
+// match, the newest family the device runs, and of its rows the one with the most shared memory that fits (its
+// largest tiles). Kernels that need more dynamic shared memory per block than `smem_per_block_optin` bytes are
+// refused (a refusal names the least the newest family's rows need); <= 0 means
 // max_smem_per_block_optin(device_sm). Python asks with the table's figure (it knows the compute capability only);
 // the FFI handlers pass the device's own attribute, which is the table's figure on every arch the table knows and
 // at least the conservative fallback on the others, so the handler accepts whatever Python's answer chose (and

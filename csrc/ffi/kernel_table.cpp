@@ -23,17 +23,21 @@ const std::vector<KernelEntry>& kernel_table() {
   // Each row names explicit instantiations compiled from csrc/kernels/generated/: the launcher, the function that
   // reports the dynamic shared memory per block its launches request (asked once here when the table is built: the
   // figure comes from the kernel's own types, and dispatch stays a pure function of the rows), and the family's
-  // per-call choices (asked by the plan).
-#define FLASHJAX_KERNEL(family, run, direction, params, dtype, element, hdim, arch_specific, smem_bytes, choices, \
+  // per-call choices (asked by the plan). targs is the instantiation's template argument list in parentheses,
+  // e.g. (cutlass::bfloat16_t, 128, 99): the element type, the head dim, and the shared-memory budget of a family
+  // that has budgets (sm80: launch.h).
+#define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
+#define FLASHJAX_KERNEL(family, run, direction, params, dtype, targs, hdim, arch_specific, smem_bytes, choices,    \
                         deterministic)                                                                         \
   KernelEntry{#family,                                                                                         \
               direction,                                                                                       \
               dtype,                                                                                           \
               hdim,                                                                                            \
               arch_specific,                                                                                   \
-              family::smem_bytes<element, hdim>(),                                                             \
-              reinterpret_cast<const void*>(static_cast<LaunchFn<params>>(&family::run<element, hdim>)),        \
-              &family::choices<element, hdim>,                                                                 \
+              family::smem_bytes<FLASHJAX_TEMPLATE_ARGS targs>(),                                              \
+              reinterpret_cast<const void*>(                                                                   \
+                  static_cast<LaunchFn<params>>(&family::run<FLASHJAX_TEMPLATE_ARGS targs>)),                   \
+              &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                                  \
               deterministic},
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI
@@ -46,6 +50,7 @@ const std::vector<KernelEntry>& kernel_table() {
 #endif
   };
 #undef FLASHJAX_KERNEL
+#undef FLASHJAX_TEMPLATE_ARGS
   return table;
 }
 
@@ -59,6 +64,12 @@ const std::vector<KernelEntry>& enabled_kernel_table() {
     return rows;
   }();
   return enabled;
+}
+
+int32_t dispatch_smem_limit(int device_sm, int32_t device_limit) {
+  if (device_limit <= 0) device_limit = max_smem_per_block_optin(device_sm);
+  const int cap_kb = setting_int(Setting::kSmemLimitKb, 0);
+  return cap_kb > 0 ? std::min<int64_t>(device_limit, int64_t(cap_kb) * 1024) : device_limit;
 }
 
 const std::vector<std::string>& compiled_archs() {

@@ -14,6 +14,13 @@ const std::vector<KernelEntry>& kernel_table();
 // a fallback family on hardware that has a faster one (the sm80 family on an H200).
 const std::vector<KernelEntry>& enabled_kernel_table();
 
+// The shared memory per block dispatch may assume on a device of compute capability device_sm whose limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin) is device_limit bytes, 0 when unknown (then max_smem_per_block_optin's
+// table figure): that limit, capped at FLASHJAX_SMEM_LIMIT_KB KB where the setting is a positive number (a test knob:
+// a large GPU then plans, and runs, what a small one would). Every reader of a device's limit asks this (the C API's
+// plan, the FFI handlers, tests/sanitize's driver), so trace time and run time agree.
+int32_t dispatch_smem_limit(int device_sm, int32_t device_limit);
+
 // The CUDA architectures this library was compiled for, e.g. {"80", "90a"}.
 const std::vector<std::string>& compiled_archs();
 

@@ -70,6 +70,7 @@ std::string pass_json(const PassPlan& pass) {
                  ", \"shape\": [" + dims + "], \"dtype\": " + quoted(buffer.dtype) + "}";
   }
   return std::string("{\"family\": ") + (pass.kernel != nullptr ? quoted(pass.kernel->family) : "null") +
+         ", \"smem_bytes\": " + std::to_string(pass.kernel != nullptr ? pass.kernel->smem_bytes : 0) +
          ", \"reason\": " + quoted(pass.reason) + ", \"tile_class\": " + std::to_string(c.tile_class) +
          ", \"block_m\": " + std::to_string(c.block_m) + ", \"block_n\": " + std::to_string(c.block_n) +
          ", \"pack_group\": " + std::to_string(c.pack_group) + ", \"num_splits\": " + std::to_string(c.num_splits) +

@@ -90,8 +90,9 @@ def plan(*, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, 
          varlen: bool = False, mask_mod: bool = False, deterministic: bool = False, num_splits: int = 0,
          device_sm: int, num_sms: int = 0) -> dict:
     """The library's plan of a call (csrc/ffi/plan.h: the function the FFI handlers also ask): whether the kernels
-    run it ("runs", "reason"), the compiled head width, and per pass ("fwd", "bwd") the family, its tile, GQA packing
-    and key-split choices with their reasons, and the workspace shapes of the pass's FFI call. head_dim is the call's
+    run it ("runs", "reason"), the compiled head width, and per pass ("fwd", "bwd") the family and the shared memory
+    per block of its row ("smem_bytes", 0 where no kernel runs), its tile, GQA packing and key-split choices with their
+    reasons, and the workspace shapes of the pass's FFI call. head_dim is the call's
     own width; dtype a numpy name ("bfloat16", "float16"); num_sms 0 when unknown (then no call splits by rule)."""
     problem = _Problem(ctypes.sizeof(_Problem), DTYPE[dtype], batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
                        window_left, window_right, softcap, has_sinks, varlen, mask_mod, deterministic, num_splits)

@@ -494,5 +494,7 @@ def explain(q, k, v, *args, varlen=False, device_sm=None, **keywords) -> str:
             details += f"; GQA packed: {fwd['packing_reason']}"
         if fwd["num_splits"] > 1:
             details += f"; keys split: {fwd['split_reason']}"
-        details += f"; forward {fwd['tile_reason']}; backward: {plan['bwd']['reason']}"
+        bwd = plan["bwd"]
+        details += f"; forward {fwd['tile_reason']}; backward: {bwd['reason']}"
+        details += f", {bwd['tile_reason']}" if bwd["tile_reason"] else ""
     return f"{shape}: {path} ({reason}{details})"

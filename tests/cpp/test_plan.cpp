@@ -207,7 +207,8 @@ TEST_F(PlanCall, JsonCarriesEveryDecision) {
   const std::string json = plan_json(plan_call(problem(), device(80, 132), table, archs));
   for (const char* field :
        {"\"runs\": true", "\"head_dim\": 128", "\"sm\": 80", "\"smem_per_block_optin\": 166912", "\"num_sms\": 132",
-        "\"family\": \"sm80\"", "\"num_splits\": 3", "\"pack_group\": 4", "\"tile_class\": 2", "\"block_n\": 64",
+        "\"family\": \"sm80\", \"smem_bytes\": 49152",
+        "\"num_splits\": 3", "\"pack_group\": 4", "\"tile_class\": 2", "\"block_n\": 64",
         "\"tile_reason\": \"fake \\\"tiles\\\"\"",
         "{\"name\": \"o_partial\", \"shape\": [2, 3, 8, 300, 128], \"dtype\": \"float32\"}",
         "{\"name\": \"dq_accum\", \"shape\": [2, 8, 384, 128], \"dtype\": \"float32\"}"}) {

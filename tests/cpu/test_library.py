@@ -24,7 +24,7 @@ def test_build_info_describes_the_build():
     assert info["cuda_archs"] and all(a[:2].isdigit() for a in info["cuda_archs"])
     names = [s["name"] for s in info["settings"]]
     assert names == ["FLASHJAX_DISABLE_FAMILIES", "FLASHJAX_SM90_PACK_GQA", "FLASHJAX_SM90_SPLIT_KV",
-                     "FLASHJAX_SM90_MAX_CTAS", "FLASHJAX_SM90_PDL"]
+                     "FLASHJAX_SM90_MAX_CTAS", "FLASHJAX_SM90_PDL", "FLASHJAX_SMEM_LIMIT_KB"]
     assert all(s["meaning"] and s["value"] == os.environ.get(s["name"], "") for s in info["settings"])
     for kernel in info["kernels"]:
         assert kernel["direction"] in ("fwd", "bwd") and kernel["dtype"] in ("fp16", "bf16")
@@ -109,7 +109,7 @@ def test_deterministic_backward_takes_the_sm90_family_with_its_counters():
     # head dims without an sm90 backward row are refused, naming the option, rather than run unordered
     if ("sm90", "bwd", "bf16", 256) not in rows and ("sm80", "bwd", "bf16", 256) in rows:
         refused = _plan(90, head_dim=256, deterministic=True)
-        assert not refused["runs"] and "deterministic=True" in refused["reason"], refused["reason"]
+        assert not refused["runs"] and "deterministic=True" in refused["bwd"]["reason"], refused["bwd"]["reason"]
 
 
 def test_the_plan_refuses_a_mismatched_struct():
@@ -131,12 +131,17 @@ def _kb(n):
     return f"{tenths // 10}" + (f".{tenths % 10}" if tenths % 10 else "") + " KB"
 
 
+def _smem_rows(family, direction, dtype, head_dim):
+    """The library's figures for one (family, direction, dtype, head dim), one per row (the sm80 family has a row
+    with smaller tiles where its 163 KB ones do not fit 99 KB): each kernel's own <direction>_smem_bytes."""
+    return sorted(k["smem_bytes"] for k in _ffi.build_info()["kernels"]
+                  if (k["family"], k["direction"], k["dtype"], k["head_dim"]) == (family, direction, dtype, head_dim))
+
+
 def _smem(family, direction, dtype, head_dim):
-    """The library's figure for one kernel (None when the build lacks it): the kernel's own <direction>_smem_bytes."""
-    for k in _ffi.build_info()["kernels"]:
-        if (k["family"], k["direction"], k["dtype"], k["head_dim"]) == (family, direction, dtype, head_dim):
-            return k["smem_bytes"]
-    return None
+    """The least figure of those rows (None when the build lacks them): what a GPU must hold to run one of them."""
+    rows = _smem_rows(family, direction, dtype, head_dim)
+    return rows[0] if rows else None
 
 
 def test_every_kernel_reports_shared_memory_its_own_arch_holds():
@@ -161,7 +166,9 @@ def test_shared_memory_limits_per_arch():
 
 
 @pytest.mark.parametrize("sm", [80, 86, 89])
-def test_dispatch_refuses_kernels_over_the_devices_shared_memory(sm):
+def test_dispatch_takes_the_largest_sm80_row_that_fits(sm):
+    # Of an sm80 (direction, dtype, head dim)'s rows, the one with the most shared memory the device holds; none
+    # (with both numbers in the reason) only where even the smallest does not fit.
     info = _ffi.build_info()
     if not any(a.startswith("80") for a in info["cuda_archs"]):
         pytest.skip("no sm80-family code in this build")
@@ -169,12 +176,16 @@ def test_dispatch_refuses_kernels_over_the_devices_shared_memory(sm):
     for k in info["kernels"]:
         if k["family"] != "sm80":
             continue
-        ok, reason, _ = _pass(sm, k["direction"], DTYPE_NAME[k["dtype"]], k["head_dim"])
-        assert ok == (k["smem_bytes"] <= limit), (k, reason)
-        if not ok:
-            assert reason == (f"the sm80 {DIRECTION_NAME[k['direction']]} kernel for {k['dtype']} head dim "
-                              f"{k['head_dim']} needs {_kb(k['smem_bytes'])} of shared memory per block; sm_{sm} "
-                              f"allows {_kb(limit)}")
+        rows = _smem_rows("sm80", k["direction"], k["dtype"], k["head_dim"])
+        fits = [n for n in rows if n <= limit]
+        plan = _plan(sm, DTYPE_NAME[k["dtype"]], k["head_dim"])[k["direction"]]
+        assert (plan["family"] is not None) == bool(fits), (k, plan["reason"])
+        if fits:
+            assert plan["family"] == "sm80" and plan["smem_bytes"] == max(fits), (k, plan)
+        else:
+            assert plan["reason"] == (f"the sm80 {DIRECTION_NAME[k['direction']]} kernel for {k['dtype']} head dim "
+                                      f"{k['head_dim']} needs {_kb(rows[0])} of shared memory per block; sm_{sm} "
+                                      f"allows {_kb(limit)}")
 
 
 @pytest.mark.parametrize("sm", [80, 90])
@@ -205,8 +216,8 @@ def _refusal_on_99_kb(head_dim, sm):
 
 
 def test_explain_on_a_99_kb_gpu():
-    # sm86/89/120 allow 99 KB per block: backend="auto" takes the sm80 kernel only when both directions fit there
-    # (today the backward fits at head dim 64, not at 128), and otherwise names the kernel that does not.
+    # sm86/89/120 allow 99 KB per block: backend="auto" takes the sm80 kernel only when both directions have a row
+    # that fits there (every width of the full set: the 99 KB rows), and otherwise names the kernel that does not.
     if not any(a.startswith("80") for a in _ffi.build_info()["cuda_archs"]):
         pytest.skip("no sm80-family code in this build")
     spec = jax.ShapeDtypeStruct

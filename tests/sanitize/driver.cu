@@ -475,7 +475,7 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
 
 // The (dtype, head dim) pairs with a forward and a backward kernel for this device, in an order that alternates
 // dtypes and widths so that consecutive configs differ in both. Dispatch is asked as the FFI handlers ask it: with
-// the device's own opt-in shared memory per block.
+// the device's own opt-in shared memory per block (capped by FLASHJAX_SMEM_LIMIT_KB).
 std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin, std::string* reason) {
   const std::vector<std::pair<DType, int>> order = {
       {DType::kBFloat16, 64},  {DType::kFloat16, 128}, {DType::kBFloat16, 256}, {DType::kFloat16, 96},
@@ -538,11 +538,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int device_sm = major * 10 + minor;
+  // As the FFI handlers read it: capped by FLASHJAX_SMEM_LIMIT_KB where set (the 99 KB parts' tiles on a larger GPU).
+  smem_per_block_optin = flashjax::dispatch_smem_limit(device_sm, smem_per_block_optin);
   const char* disabled = std::getenv("FLASHJAX_DISABLE_FAMILIES");
   std::string archs;
   for (const std::string& arch : flashjax::compiled_archs()) archs += (archs.empty() ? "" : ",") + arch;
-  std::printf("flashjax_sanitize: %s (sm_%d), built for %s, %zu of %zu kernels enabled (FLASHJAX_DISABLE_FAMILIES=%s)\n",
-              prop.name, device_sm, archs.c_str(), flashjax::enabled_kernel_table().size(),
+  std::printf("flashjax_sanitize: %s (sm_%d, %d bytes of shared memory per block for dispatch), built for %s, %zu of "
+              "%zu kernels enabled (FLASHJAX_DISABLE_FAMILIES=%s)\n",
+              prop.name, device_sm, smem_per_block_optin, archs.c_str(), flashjax::enabled_kernel_table().size(),
               flashjax::kernel_table().size(), disabled != nullptr ? disabled : "");
 
   std::string reason;

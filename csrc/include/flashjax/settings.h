@@ -15,6 +15,7 @@ enum class Setting : int {
   kSm90SplitKv,      // sm90 forward: key splitting
   kSm90MaxCtas,      // sm90 forward: persistent grid cap
   kSm90Pdl,          // sm90 forward: programmatic dependent launch
+  kSmemLimitKb,      // cap on the shared memory per block dispatch assumes
   kCount,
 };
 
@@ -35,6 +36,9 @@ inline constexpr SettingInfo kSettings[] = {
      "sm90 forward: cap the persistent grid at n CTAs, so that small problems run many tiles per CTA (tests)"},
     {Setting::kSm90Pdl, "FLASHJAX_SM90_PDL",
      "sm90 forward: '0' launches without programmatic dependent launch (default '1')"},
+    {Setting::kSmemLimitKb, "FLASHJAX_SMEM_LIMIT_KB",
+     "cap, in KB, on the shared memory per block dispatch assumes (e.g. '99': an H200 picks the kernels and tiles of "
+     "a 99 KB GPU, RTX 4090 / L40 / RTX 5090); unset: the device's own limit"},
 };
 static_assert(sizeof(kSettings) / sizeof(kSettings[0]) == static_cast<int>(Setting::kCount),
               "every setting has one row");

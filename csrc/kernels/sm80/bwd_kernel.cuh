@@ -20,7 +20,7 @@ template <typename Layouts, bool kSoftcap>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const BwdParams params) {
   using namespace cute;
   using Element = typename Layouts::Element;
-  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  extern __shared__ __align__(128) char smem_bytes[];  // as the forward declares it (one TU may hold both)
   Element* smem = reinterpret_cast<Element*>(smem_bytes);
   const int n_block = blockIdx.x;
   const int kv_head = blockIdx.y;

@@ -18,9 +18,9 @@
 
 namespace flashjax::sm80 {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
-  using Layouts = BwdLayouts<Element, kHeadDim>;
+  using Layouts = BwdLayouts<Element, kHeadDim, kSmemKB>;
   using RowPass = BwdRowPassShape;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q_rounded < common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
@@ -61,23 +61,26 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 
 // Declared in launch.h: the most dynamic shared memory any of run_bwd's launches requests (the main kernel; the
 // preprocess and postprocess launch with none).
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kSmemKB>
 int bwd_smem_bytes() {
-  constexpr int kSmemBytes = BwdLayouts<Element, kHeadDim>::kSmemBytes;
+  constexpr int kSmemBytes = BwdLayouts<Element, kHeadDim, kSmemKB>::kSmemBytes;
   return kSmemBytes;
 }
 
 // Declared in launch.h: one tile configuration whatever the call (each CTA owns block_n keys and steps over
-// block_m query rows).
-template <typename Element, int kHeadDim>
+// block_m query rows): bwd_tile_sizes' for this head dim and budget.
+template <typename Element, int kHeadDim, int kSmemKB>
 FamilyChoices bwd_choices(const AttnShape&, const ChoiceQuery& query) {
-  using Layouts = BwdLayouts<Element, kHeadDim>;
+  using Layouts = BwdLayouts<Element, kHeadDim, kSmemKB>;
   FamilyChoices choices;
   choices.block_m = Layouts::kBlockM;
   choices.block_n = Layouts::kBlockN;
   if (query.explain) {
     choices.tile_reason = std::to_string(choices.block_n) + " keys per CTA, " + std::to_string(choices.block_m) +
-                          " query rows per step (the family's one configuration for this head dim)";
+                          " query rows per step (the family's configuration for this head dim in " +
+                          std::to_string(kSmemKB) + " KB of shared memory per block: " +
+                          std::to_string(Layouts::kSmemBytes / 1024) + " KB" +
+                          (Layouts::kVInRegs ? ", V in registers" : "") + ")";
   }
   return choices;
 }

@@ -1,6 +1,6 @@
 // Compile-time layouts of the sm80-family backward kernel: the three tiled MMAs, the shared-memory tiles (and
 // their transposed views) and the copy atoms between global memory, shared memory and registers. Everything
-// here follows from bwd_tile_sizes().
+// here follows from bwd_tile_sizes() for the head dim and the instantiation's shared-memory budget (kSmemKB).
 //
 // Per step the CTA (one block of kBlockN keys) computes, for one block of kBlockM query rows:
 //   S  = Q K^T      (kBlockM x kBlockN, reduce D)        TiledMmaSdP, A = Q, B = K
@@ -19,21 +19,25 @@
 
 namespace flashjax::sm80 {
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, int kSmemKB_>
 struct BwdLayouts {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>,
                 "flashjax kernels take fp16 or bf16");
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dims are multiples of 32 up to 256");
+  static constexpr int kSmemKB = kSmemKB_;  // the budget the tiles are chosen for
 
-  static constexpr BwdTileSizes kTile = bwd_tile_sizes(kHeadDim);
+  static constexpr BwdTileSizes kTile = bwd_tile_sizes(kHeadDim, kSmemKB);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.warps;
   static constexpr int kNThreads = kNWarps * 32;
-  static constexpr int kStages = kTile.stages;
-  static_assert(kStages == 1 || kStages == 2);
+  static constexpr int kStagesQ = kTile.stages_q;
+  static constexpr int kStagesdO = kTile.stages_do;
+  static constexpr bool kVInRegs = kTile.v_in_regs;
+  static_assert((kStagesQ == 1 || kStagesQ == 2) && (kStagesdO == 1 || kStagesdO <= kStagesQ),
+                "Q / dO buffers: 2 / 2, 2 / 1 or 1 / 1 (bwd_mainloop_sm80's load schedules)");
   static_assert(kBwdSeqlenQRounding % kBlockM == 0, "M blocks must tile the workspace's row padding");
 
   using MmaAtom = cute::MMA_Atom<std::conditional_t<std::is_same_v<Element, cutlass::half_t>,
@@ -50,7 +54,7 @@ struct BwdLayouts {
   static_assert(kBlockM % (16 * kTile.atom_m_sdp) == 0 && kBlockN % (16 * (kNWarps / kTile.atom_m_sdp)) == 0);
   static_assert(kBlockN % (16 * kTile.atom_n_dkv) == 0 && kHeadDim % (16 * (kNWarps / kTile.atom_n_dkv)) == 0);
   // dQ = dS K is computed kDqChunks column chunks at a time (see bwd_dq_chunk_cols).
-  static constexpr int kDqCols = bwd_dq_chunk_cols(kBlockM, kHeadDim, kNThreads);
+  static constexpr int kDqCols = bwd_dq_chunk_cols(kBlockM, kHeadDim, kNThreads, kVInRegs ? 16 : 32);
   static constexpr int kDqChunks = kHeadDim / kDqCols;
   static_assert(kHeadDim % kDqCols == 0 && (kDqCols == kHeadDim || kDqCols % 64 == 0));
   static_assert(kBlockM % (16 * kTile.atom_m_dq) == 0 && kDqCols % (16 * (kNWarps / kTile.atom_m_dq)) == 0);
@@ -63,7 +67,9 @@ struct BwdLayouts {
       cute::Swizzle<kRowElems == 64 ? 3 : 2, 3, 3>{},
       cute::Layout<cute::Shape<cute::_8, cute::Int<kRowElems>>, cute::Stride<cute::Int<kRowElems>, cute::_1>>{}));
   static constexpr int kBlockKSmem = kHeadDim % 64 == 0 ? 64 : 32;
-  static_assert(kBlockN % 64 == 0, "P / dS rows use 64-element swizzle atoms");
+  // P / dS rows (kBlockN elements) use 64-element atoms, or 32-element ones for 32-key CTAs.
+  static constexpr int kBlockNSmem = kBlockN % 64 == 0 ? 64 : 32;
+  static_assert(kBlockN % 32 == 0, "P / dS rows are whole swizzle atoms");
 
   // (rows, cols) tile and its (cols, rows) transposed view over the same bytes.
   template <typename Layout, int kRows, int kCols>
@@ -79,25 +85,28 @@ struct BwdLayouts {
                                    cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
   using SmemLayoutKt = Transposed<SmemLayoutKV, kBlockN, kHeadDim>;
   using SmemLayoutPdS =  // P or dS: kBlockM x kBlockN, in Element
-      decltype(cute::tile_to_shape(SwizzledAtom<64>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+      decltype(cute::tile_to_shape(SwizzledAtom<kBlockNSmem>{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using SmemLayoutPdSt = Transposed<SmemLayoutPdS, kBlockM, kBlockN>;
   using SmemLayoutQdOtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutQdOt{}));
   using SmemLayoutKtNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutKt{}));
   using SmemLayoutPdStNoSwizzle = decltype(cute::get_nonswizzle_portion(SmemLayoutPdSt{}));
 
   // Shared memory, in elements, carved in this order from one dynamic buffer (every piece is a multiple of
-  // 8 elements, so 16-byte alignment holds throughout).
+  // 8 elements, so 16-byte alignment holds throughout). With V in registers, P and dS sit in V's tile once the
+  // mainloop has read V out of it.
   static constexpr int kElemsQdO = kBlockM * kHeadDim;
   static constexpr int kElemsKV = kBlockN * kHeadDim;
   static constexpr int kElemsPdS = kBlockM * kBlockN;
   static constexpr int kOffsetQ = 0;
-  static constexpr int kOffsetdO = kOffsetQ + kStages * kElemsQdO;
-  static constexpr int kOffsetK = kOffsetdO + kStages * kElemsQdO;
+  static constexpr int kOffsetdO = kOffsetQ + kStagesQ * kElemsQdO;
+  static constexpr int kOffsetK = kOffsetdO + kStagesdO * kElemsQdO;
   static constexpr int kOffsetV = kOffsetK + kElemsKV;
-  static constexpr int kOffsetP = kOffsetV + kElemsKV;
+  static constexpr int kOffsetP = kVInRegs ? kOffsetV : kOffsetV + kElemsKV;
   static constexpr int kOffsetdS = kOffsetP + kElemsPdS;
-  static constexpr int kSmemBytes = (kOffsetdS + kElemsPdS) * int(sizeof(Element));
-  static_assert(kSmemBytes <= 163 * 1024, "must fit sm80's shared memory per CTA");
+  static constexpr int kSmemElems = kVInRegs && kElemsKV > 2 * kElemsPdS ? kOffsetV + kElemsKV : kOffsetdS + kElemsPdS;
+  static constexpr int kSmemBytes = kSmemElems * int(sizeof(Element));
+  static_assert(kSmemBytes == bwd_tile_smem_bytes(kTile, kHeadDim), "the tile choice sized what is carved here");
+  static_assert(kSmemBytes <= kSmemKB * 1024, "no configuration of bwd_tile_sizes fits this budget");
 
   // Shared memory -> registers: ldmatrix.x4 for K-major operands, ldmatrix.x4.trans for the transposed views.
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;

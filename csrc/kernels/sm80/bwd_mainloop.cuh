@@ -2,13 +2,14 @@
 // (query head of the GQA group, M block in the band) pair, accumulating dK_j and dV_j in registers and adding each
 // step's dQ contribution into the f32 workspace with atomics.
 //
-// Per step (Q_i, dO_i arriving through cp.async; with 2 stages the next step's tiles load during this one, with 1
-// the next dO loads once dV is done and the next Q after dK):
+// Per step (Q_i, dO_i arriving through cp.async; a double-buffered tile loads the next step's during this one, a
+// single-buffered dO the next once dV is done, a single-buffered Q the next after dK):
 //   S = Q_i K_j^T -> softcap, mask -> P (Element, to smem) and P * tanh' (f32, registers)
 //   dP = dO_i V_j^T -> dS = P * tanh' * (dP - D') (Element, to smem)
 //   dV_j += P^T dO_i;  dQ_i += dS K_j (atomics);  dK_j += dS^T Q_i
-// Three barriers per step (four single-buffered): Q_i / dO_i landed, P / dS stored, every read of this step's
-// buffers done (and, single-buffered, every read of dO done).
+// Three barriers per step (four with a single dO buffer): Q_i / dO_i landed, P / dS stored, every read of this
+// step's buffers done (and, with one dO buffer, every read of dO done). Where V lives in registers (Layouts::
+// kVInRegs), it is read from shared memory once, before the first step, and P / dS take its tile.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -62,7 +63,8 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   constexpr int kBlockM = Layouts::kBlockM;
   constexpr int kBlockN = Layouts::kBlockN;
   constexpr int kHeadDim = Layouts::kHeadDim;
-  constexpr int kStages = Layouts::kStages;
+  constexpr int kStagesQ = Layouts::kStagesQ;
+  constexpr int kStagesdO = Layouts::kStagesdO;
   const int tid = threadIdx.x;
   const int n_start = n_block * kBlockN;
 
@@ -72,7 +74,7 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   if (num_m_blocks <= 0) return;
   const int num_steps = num_m_blocks * group;
 
-  // Shared memory tiles (layouts in bwd_layouts.cuh). Q and dO have kStages buffers.
+  // Shared memory tiles (layouts in bwd_layouts.cuh). Q and dO have kStagesQ / kStagesdO buffers.
   auto smem_q = [&](int stage) {
     return make_tensor(make_smem_ptr(smem + Layouts::kOffsetQ + stage * Layouts::kElemsQdO),
                        typename Layouts::SmemLayoutQdO{});
@@ -194,14 +196,24 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
 
   const BwdScoreScales scales(params.softmax_scale, params.softcap);
 
+  if constexpr (Layouts::kVInRegs) {
+    // K / V (the first cp.async group) landed for every thread: V to registers, for every step. P and dS overwrite
+    // its tile only after step 0's first barrier, which each thread reaches after these reads.
+    cp_async_wait<1>();
+    __syncthreads();
+    copy(copy_b_sdp, tdPsV, thr_b_sdp.retile_D(rV));
+  }
+
   for (int step = 0; step < num_steps; ++step) {
-    const int stage = kStages == 2 ? step % 2 : 0;
+    const int stage_q = kStagesQ == 2 ? step % 2 : 0;
+    const int stage_do = kStagesdO == 2 ? step % 2 : 0;
     const int head = step_head(step);
     const int m_start = step_m_start(step);
-    // The other stage was last read by step - 1, which ended on a barrier.
-    if (kStages == 2 && step + 1 < num_steps) {
-      load_q(step + 1, stage ^ 1);
-      load_do(step + 1, stage ^ 1);
+    // The other stage was last read by step - 1, which ended on a barrier. The newest cp.async group is then the
+    // next step's; this step's Q and dO were committed before it (a single dO buffer's during step - 1).
+    if (kStagesQ == 2 && step + 1 < num_steps) {
+      load_q(step + 1, stage_q ^ 1);
+      if (kStagesdO == 2) load_do(step + 1, stage_do ^ 1);
       cp_async_fence();
       cp_async_wait<1>();
     } else {
@@ -222,7 +234,7 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
 
     Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_s);
-    gemm_smem_smem(mma_sdp, acc_s, rQ, rK, thr_a_sdp.partition_S(smem_q(stage)), tSsK, copy_a_sdp, copy_b_sdp);
+    gemm_smem_smem(mma_sdp, acc_s, rQ, rK, thr_a_sdp.partition_S(smem_q(stage_q)), tSsK, copy_a_sdp, copy_b_sdp);
     if constexpr (kSoftcap) apply_softcap(acc_s, scales.tanh_prescale);
     if (mask.needs_mask<kBlockM, kBlockN>(m_start, n_start)) {
       auto acc_s_rc = common::acc_rowcol_view(acc_s);
@@ -234,15 +246,21 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
 
     Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockM>, Int<kBlockN>>{});
     clear(acc_dp);
-    gemm_smem_smem(mma_sdp, acc_dp, rdO, rV, thr_a_sdp.partition_S(smem_do(stage)), tdPsV, copy_a_sdp, copy_b_sdp);
+    if constexpr (Layouts::kVInRegs) {
+      gemm_smem_reg(mma_sdp, acc_dp, rdO, rV, thr_a_sdp.partition_S(smem_do(stage_do)), copy_a_sdp);
+    } else {
+      gemm_smem_smem(mma_sdp, acc_dp, rdO, rV, thr_a_sdp.partition_S(smem_do(stage_do)), tdPsV, copy_a_sdp,
+                     copy_b_sdp);
+    }
     ds_from_dp(acc_dp, acc_s, dpsum);
     Tensor rdS_store = common::convert_fragment<Element>(acc_dp);
     copy(copy_pds, thr_pds.retile_S(rdS_store), tdSsdS);
     __syncthreads();
 
-    gemm_smem_smem(mma_dkv, acc_dv, rPt, rdOt, tdVsPt, thr_b_dkv.partition_S(smem_dot(stage)), copy_a_dkv, copy_b_dkv);
+    gemm_smem_smem(mma_dkv, acc_dv, rPt, rdOt, tdVsPt, thr_b_dkv.partition_S(smem_dot(stage_do)), copy_a_dkv,
+                   copy_b_dkv);
     // Single-buffered: dO is free once every warp is past dV; its next tile loads behind dQ and dK.
-    if (kStages == 1 && step + 1 < num_steps) {
+    if (kStagesdO == 1 && step + 1 < num_steps) {
       __syncthreads();
       load_do(step + 1, 0);
       cp_async_fence();
@@ -258,9 +276,10 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
           params.dq_accum + dq_accum_chunk_start<Layouts>(params, batch, head, m_start / kBlockM, chunk), acc_dq);
     }
 
-    gemm_smem_smem(mma_dkv, acc_dk, rdSt, rQt, tdKsdSt, thr_b_dkv.partition_S(smem_qt(stage)), copy_a_dkv, copy_b_dkv);
+    gemm_smem_smem(mma_dkv, acc_dk, rdSt, rQt, tdKsdSt, thr_b_dkv.partition_S(smem_qt(stage_q)), copy_a_dkv,
+                   copy_b_dkv);
     __syncthreads();
-    if (kStages == 1 && step + 1 < num_steps) {
+    if (kStagesQ == 1 && step + 1 < num_steps) {
       load_q(step + 1, 0);
       cp_async_fence();
     }

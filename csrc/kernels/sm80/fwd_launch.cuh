@@ -16,9 +16,9 @@
 
 namespace flashjax::sm80 {
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Layouts = FwdLayouts<Element, kHeadDim>;
+  using Layouts = FwdLayouts<Element, kHeadDim, kSmemKB>;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0) {
     return cudaErrorInvalidValue;
   }
@@ -41,22 +41,23 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 }
 
 // Declared in launch.h: the dynamic shared memory run_fwd launches with (both softcap variants share the layouts).
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kSmemKB>
 int fwd_smem_bytes() {
-  constexpr int kSmemBytes = FwdLayouts<Element, kHeadDim>::kSmemBytes;
+  constexpr int kSmemBytes = FwdLayouts<Element, kHeadDim, kSmemKB>::kSmemBytes;
   return kSmemBytes;
 }
 
-// Declared in launch.h: one tile configuration whatever the call.
-template <typename Element, int kHeadDim>
+// Declared in launch.h: one tile configuration whatever the call: fwd_tile_sizes' for this head dim and budget.
+template <typename Element, int kHeadDim, int kSmemKB>
 FamilyChoices fwd_choices(const AttnShape&, const ChoiceQuery& query) {
-  using Layouts = FwdLayouts<Element, kHeadDim>;
+  using Layouts = FwdLayouts<Element, kHeadDim, kSmemKB>;
   FamilyChoices choices;
   choices.block_m = Layouts::kBlockM;
   choices.block_n = Layouts::kBlockN;
   if (query.explain) {
     choices.tile_reason = std::to_string(choices.block_m) + " x " + std::to_string(choices.block_n) +
-                          " tiles (the family's one configuration for this head dim)";
+                          " tiles (the family's configuration for this head dim in " + std::to_string(kSmemKB) +
+                          " KB of shared memory per block: " + std::to_string(Layouts::kSmemBytes / 1024) + " KB)";
   }
   return choices;
 }

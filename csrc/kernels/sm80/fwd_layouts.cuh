@@ -1,5 +1,6 @@
 // Compile-time layouts of the sm80-family forward kernel: the MMA, shared-memory tiles and the copy atoms
-// between global memory, shared memory and registers. Everything here follows from fwd_tile_sizes().
+// between global memory, shared memory and registers. Everything here follows from fwd_tile_sizes() for the head
+// dim and the instantiation's shared-memory budget (kSmemKB).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -9,7 +10,7 @@
 
 namespace flashjax::sm80 {
 
-template <typename Element_, int kHeadDim_>
+template <typename Element_, int kHeadDim_, int kSmemKB_>
 struct FwdLayouts {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>,
@@ -17,7 +18,8 @@ struct FwdLayouts {
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dims are multiples of 32 up to 256");
 
-  static constexpr FwdTileSizes kTile = fwd_tile_sizes<Element>(kHeadDim);
+  static constexpr int kSmemKB = kSmemKB_;  // the budget the tiles are chosen for
+  static constexpr FwdTileSizes kTile = fwd_tile_sizes<Element>(kHeadDim, kSmemKB);
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kNWarps = kTile.warps;
@@ -57,6 +59,8 @@ struct FwdLayouts {
   static constexpr int kSmemElemsQ = kBlockM * kHeadDim;
   static constexpr int kSmemElemsKV = kBlockN * kHeadDim;
   static constexpr int kSmemBytes = (kSmemElemsQ + 2 * kSmemElemsKV) * int(sizeof(Element));
+  static_assert(kSmemBytes == fwd_tile_smem_bytes(kTile, kHeadDim), "the tile choice sized what is carved here");
+  static_assert(kSmemBytes <= kSmemKB * 1024, "no configuration of fwd_tile_sizes fits this budget");
 
   // Shared memory -> registers for the MMAs: ldmatrix.x4 for row-major operands, ldmatrix.x4.trans for V^T.
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;

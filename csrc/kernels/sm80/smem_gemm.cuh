@@ -1,5 +1,5 @@
 // CTA-wide GEMM steps of the sm80 family (forward and backward): acc += A * B with the operands in shared memory
-// (ldmatrix through tiled copies) or A already in registers.
+// (ldmatrix through tiled copies) or one of them already in registers.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -30,19 +30,34 @@ __device__ __forceinline__ void gemm_smem_smem(const TiledMma& tiled_mma, Acc& a
   }
 }
 
-// acc += A * B with A already in registers (e.g. P of the forward) and B streamed from shared memory one k-slice
-// ahead.
+// acc += A * B with one operand already in registers and the other, `streamed` (the same fragment as rA or rB),
+// loaded from shared memory one k-slice ahead.
+template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename FragS, typename SmemS,
+          typename CopyS>
+__device__ __forceinline__ void gemm_one_streamed(const TiledMma& tiled_mma, Acc& acc, const FragA& rA, const FragB& rB,
+                                                  FragS& streamed, const SmemS& s_streamed, const CopyS& copy_s) {
+  using namespace cute;
+  auto view = make_tensor(streamed.data(), CopyS::retile(streamed.layout()));
+  copy(copy_s, s_streamed(_, _, 0), view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) copy(copy_s, s_streamed(_, _, k + 1), view(_, _, k + 1));
+    gemm(tiled_mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// A already in registers (e.g. P of the forward), B streamed.
 template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemB, typename CopyB>
 __device__ __forceinline__ void gemm_reg_smem(const TiledMma& tiled_mma, Acc& acc, const FragA& rA, FragB& rB,
                                               const SmemB& sB, const CopyB& copy_b) {
-  using namespace cute;
-  auto rB_view = make_tensor(rB.data(), CopyB::retile(rB.layout()));
-  copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(rA); ++k) {
-    if (k + 1 < size<2>(rA)) copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
-    gemm(tiled_mma, rA(_, _, k), rB(_, _, k), acc);
-  }
+  gemm_one_streamed(tiled_mma, acc, rA, rB, rB, sB, copy_b);
+}
+
+// B already in registers (the backward's V, when it lives there), A streamed.
+template <typename TiledMma, typename Acc, typename FragA, typename FragB, typename SmemA, typename CopyA>
+__device__ __forceinline__ void gemm_smem_reg(const TiledMma& tiled_mma, Acc& acc, FragA& rA, const FragB& rB,
+                                              const SmemA& sA, const CopyA& copy_a) {
+  gemm_one_streamed(tiled_mma, acc, rA, rB, rA, sA, copy_a);
 }
 
 }  // namespace flashjax::sm80
