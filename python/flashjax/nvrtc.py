@@ -42,7 +42,7 @@ class CudaBinary:
 
 def _candidate_paths() -> list[str]:
     found = []
-    site_dirs = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
+    site_dirs = list(sys.path) + list(getattr(site, "getsitepackages", list)()) + [site.getusersitepackages()]
     for directory in dict.fromkeys(site_dirs):  # jax's CUDA wheels: nvidia/cuda_nvrtc/lib, nvidia/cu13/lib, ...
         found += sorted(glob.glob(os.path.join(directory, "nvidia", "*", "lib", "libnvrtc.so*")))
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
