@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
 #   tools/device_check.sh [stage ...]   stages: build info newcomer wheel tests tests_capped tests_packed tests_split
-#                                        tests80 tests_jax_newest sanitize bench ncu
+#                                        tests80 tests_smem99 tests_jax_newest sanitize bench ncu
 #                                        (default: all but build, newcomer, wheel, tests_jax_newest and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
@@ -28,7 +28,7 @@ fi
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu${PEERS:+:$PEERS}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
-STAGES=${*:-info tests tests_capped tests_packed tests_split tests80 sanitize bench}
+STAGES=${*:-info tests tests_capped tests_packed tests_split tests80 tests_smem99 sanitize bench}
 declare -A RESULT
 
 stage() { [[ " $STAGES " == *" $1 "* ]]; }
@@ -84,6 +84,9 @@ if stage tests_split; then
     run_gpu_tests default split -k "sweep or tile or several or past_the_last_row or split_keys"
 fi
 if stage tests80; then run_gpu_tests sm80; fi
+# The portable family as a 99 KB part (RTX 4090, L40, RTX 5090) runs it: dispatch assumes 99 KB per block
+# (FLASHJAX_SMEM_LIMIT_KB), so the sm80 rows with smaller tiles run wherever the 163 KB ones do not fit.
+if stage tests_smem99; then FLASHJAX_SMEM_LIMIT_KB=99 run_gpu_tests sm80 smem99; fi
 if stage sanitize; then
   # compute-sanitizer runs tests/sanitize's flashjax_sanitize (built by the build stage): our kernels launched from
   # C++ on short ragged configs, forward then backward, with no Python or XLA in the process (racecheck on a JAX
@@ -184,7 +187,7 @@ elif stage wheel; then
   if [ -f "$LIB" ] && command -v cuobjdump >/dev/null; then
     # Machine code and PTX by architecture: what the wheel's size is made of.
     (cd "$(mktemp -d)" && cuobjdump -xelf all "$LIB" >/dev/null 2>&1; cuobjdump -xptx all "$LIB" >/dev/null 2>&1
-     for kind in sm_80 sm_90a sm_100a sm_120 ptx; do
+     for kind in sm_80 sm_90a sm_100 sm_120 ptx; do
        files=$(ls | grep -E "\.${kind#ptx}" 2>/dev/null); [ $kind = ptx ] && files=$(ls *.ptx 2>/dev/null)
        [ -n "$files" ] && echo "$kind: $(cat $files | wc -c | awk '{printf "%.1f MB", $1/1e6}') uncompressed in $(wc -w <<<"$files") files"
      done) | tee "$OUT/wheel_sizes.txt"
@@ -266,7 +269,7 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_jax_newest tests_default tests_capped tests_packed tests_split tests_sm80 sanitize memcheck_default memcheck_sm80 \
+for key in build info newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_jax_newest tests_default tests_capped tests_packed tests_split tests_sm80 tests_smem99 sanitize memcheck_default memcheck_sm80 \
            racecheck_default racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
