@@ -125,9 +125,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, seqused_q, seqused_
                 jnp.full((heads_q, total_q), -jnp.inf, jnp.float32))
     kwargs = dict(seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, causal=causal,
                   window_size=window_size, sinks=sinks, softcap=softcap, mask_mod=mask_mod)
-    if (max_seqlen_q is not None and max_seqlen_k is not None
-            and num_seqs * max(max_seqlen_q, 1) * max(max_seqlen_k, 1) < total_q * total_k):
-        hints = (max(int(max_seqlen_q), 1), max(int(max_seqlen_k), 1))
+    hints = None if max_seqlen_q is None or max_seqlen_k is None else (max(int(max_seqlen_q), 1),
+                                                                         max(int(max_seqlen_k), 1))
+    if hints is not None and num_seqs * hints[0] * hints[1] < total_q * total_k:
         operands = (q, k, v, cu_seqlens_q, cu_seqlens_k)
         return lax.cond(_packing_fits(cu_seqlens_q, cu_seqlens_k, total_q, total_k, hints),
                         lambda *x: _varlen_by_sequence(*x, hints=hints, **kwargs),

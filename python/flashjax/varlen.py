@@ -8,7 +8,7 @@ wherever it can see the values:
 - under jit the values are not known at trace time: ``check_varlen`` inside the jitted function, run through
   ``jax.experimental.checkify.checkify``, gives the same checks at run time.
 
-The rules (docs/design.md §2.6): cu_seqlens starts at 0, never decreases, and ends at or before the token count
+The rules (docs/design.md §2.7): cu_seqlens starts at 0, never decreases, and ends at or before the token count
 (tokens past its last entry are padding, not rows); seqused[b] lies in [0, cu_seqlens[b + 1] - cu_seqlens[b]].
 """
 
