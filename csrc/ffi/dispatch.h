@@ -33,6 +33,22 @@ struct KernelEntry {
   bool deterministic = false;
 };
 
+// One row of a generated table (csrc/kernels/generated/kernel_table_*.inc) as a KernelEntry, with `launch` its
+// launcher's address: kernel_table() passes the instantiation's, the host tests (which link no kernels) nullptr.
+// targs is the instantiation's template argument list in parentheses, e.g. (cutlass::bfloat16_t, 128, 99).
+#define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
+#define FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices,      \
+                              deterministic, launch)                                                       \
+  KernelEntry{#family,                                                                                     \
+              direction,                                                                                   \
+              dtype,                                                                                       \
+              hdim,                                                                                        \
+              arch_specific,                                                                               \
+              family::smem_bytes<FLASHJAX_TEMPLATE_ARGS targs>(),                                          \
+              launch,                                                                                      \
+              &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                              \
+              deterministic},
+
 // What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
 struct ProblemKey {
   Direction direction = Direction::kFwd;

@@ -26,19 +26,11 @@ const std::vector<KernelEntry>& kernel_table() {
   // per-call choices (asked by the plan). targs is the instantiation's template argument list in parentheses,
   // e.g. (cutlass::bfloat16_t, 128, 99): the element type, the head dim, and the shared-memory budget of a family
   // that has budgets (sm80: launch.h).
-#define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
 #define FLASHJAX_KERNEL(family, run, direction, params, dtype, targs, hdim, arch_specific, smem_bytes, choices,    \
                         deterministic)                                                                         \
-  KernelEntry{#family,                                                                                         \
-              direction,                                                                                       \
-              dtype,                                                                                           \
-              hdim,                                                                                            \
-              arch_specific,                                                                                   \
-              family::smem_bytes<FLASHJAX_TEMPLATE_ARGS targs>(),                                              \
-              reinterpret_cast<const void*>(                                                                   \
-                  static_cast<LaunchFn<params>>(&family::run<FLASHJAX_TEMPLATE_ARGS targs>)),                   \
-              &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                                  \
-              deterministic},
+  FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices, deterministic, \
+                        reinterpret_cast<const void*>(                                                         \
+                            static_cast<LaunchFn<params>>(&family::run<FLASHJAX_TEMPLATE_ARGS targs>)))
   static const std::vector<KernelEntry> table = {
 #if FLASHJAX_KERNEL_SET_CI
 #include "kernels/generated/kernel_table_ci.inc"
@@ -50,7 +42,6 @@ const std::vector<KernelEntry>& kernel_table() {
 #endif
   };
 #undef FLASHJAX_KERNEL
-#undef FLASHJAX_TEMPLATE_ARGS
   return table;
 }
 

@@ -22,23 +22,14 @@ constexpr Direction kDirections[] = {Direction::kFwd, Direction::kBwd};
 
 // The full set's sm80 rows (the sm90 ones are behind FLASHJAX_HAS_SM90, which this file leaves undefined).
 const std::vector<KernelEntry>& sm80_rows() {
-#define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
 #define FLASHJAX_KERNEL(family, run, direction, params, dtype, targs, hdim, arch_specific, smem_bytes, choices, \
                         deterministic)                                                                      \
-  KernelEntry{#family,                                                                                      \
-              direction,                                                                                    \
-              dtype,                                                                                        \
-              hdim,                                                                                         \
-              arch_specific,                                                                                \
-              family::smem_bytes<FLASHJAX_TEMPLATE_ARGS targs>(),                                           \
-              nullptr,                                                                                      \
-              &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                               \
-              deterministic},
+  FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices, deterministic, \
+                        nullptr)
   static const std::vector<KernelEntry> rows = {
 #include "kernels/generated/kernel_table_full.inc"
   };
 #undef FLASHJAX_KERNEL
-#undef FLASHJAX_TEMPLATE_ARGS
   return rows;
 }
 
