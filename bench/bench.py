@@ -69,7 +69,7 @@ class Row:
     def flops(self, direction):
         """Matmul FLOPs: QK^T and PV, 2 each per pair and channel; backward does 5 matmuls to forward's 2."""
         fwd = 4.0 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim
-        return fwd if direction == "fwd" else 2.5 * fwd
+        return {"fwd": fwd, "bwd": 2.5 * fwd, "step": 3.5 * fwd}[direction]
 
     def min_bytes(self, direction):
         """HBM traffic floor: q,k,v read and o written once (bwd: q,k,v,o,do read, dq,dk,dv written), bf16.
@@ -213,11 +213,18 @@ def prepare_direction(fn, direction, sets):
     are the residual arrays), and the timed function applies it to d_out. So bwd excludes the forward and
     whatever residuals it saves, which is what jax.grad adds on top of the forward in a training step.
     Timing jax.grad and subtracting the forward would instead mix two noisy numbers.
+
+    step times what a training step runs: one jitted jax.grad of <out, d_out> in q, k, v (the forward, its
+    residuals and the backward in one executable), at the forward's plus the backward's FLOPs.
     """
     if direction == "fwd":
         fwd = jax.jit(fn)
         calls = [s[:3] for s in sets]
         return fwd, calls, (jax.block_until_ready(fwd(*calls[0])),)
+    if direction == "step":
+        step = jax.jit(jax.grad(lambda q, k, v, d_out: jnp.vdot(fn(q, k, v).astype(jnp.float32),
+                                                                d_out.astype(jnp.float32)), argnums=(0, 1, 2)))
+        return step, sets, tuple(jax.block_until_ready(step(*sets[0])))
     make_pullback = jax.jit(lambda q, k, v: jax.vjp(fn, q, k, v)[1])
     apply_pullback = jax.jit(lambda pullback, d_out: pullback(d_out))
     calls = [(make_pullback(*s[:3]), s[3]) for s in sets]
@@ -307,7 +314,8 @@ def format_table(report):
             for line in lines]
     text += ["",
              "TFLOP/s = model FLOPs / median time; fwd FLOPs 4*B*Hq*pairs*D (causal: Sq*Sk/2 pairs, windows:",
-             "  exact count), bwd 2.5x fwd. bwd times the jax.vjp pullback call alone: no forward in it.",
+             "  exact count), bwd 2.5x fwd. bwd times the jax.vjp pullback call alone: no forward in it;",
+             "  step (3.5x fwd) times one jitted jax.grad: forward and backward in one executable.",
              f"! = output (bwd: worst of dq, dk, dv) off cuDNN's (else XLA's) by relative norm > {REL_ERR_LIMIT:g}."]
     if reasons:
         text.append("- = n/a:")
@@ -355,7 +363,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"only the rows {', '.join(QUICK_ROWS)}")
     p.add_argument("--rows", default=None, help="regex; keep rows whose name it matches (re.search)")
-    p.add_argument("--dirs", type=csv, default=["fwd", "bwd"], help="fwd,bwd")
+    p.add_argument("--dirs", type=csv, default=["fwd", "bwd"], help="fwd,bwd,step (step: one jitted jax.grad)")
     p.add_argument("--impls", type=csv, default=list(IMPLS), help=",".join(IMPLS))
     p.add_argument("--reps", type=int, default=10, help="minimum calls per trial (raised for short calls)")
     p.add_argument("--trials", type=int, default=7, help="timed trials; the median is reported")
@@ -371,7 +379,7 @@ def parse_args(argv):
     p.add_argument("--hdims", type=ints, default=[64, 128, 256])
     p.add_argument("--seqlens", type=ints, default=[512, 1024, 2048, 4096, 8192, 16384])
     args = p.parse_args(argv)
-    bad = [d for d in args.dirs if d not in ("fwd", "bwd")] + [i for i in args.impls if i not in IMPLS]
+    bad = [d for d in args.dirs if d not in ("fwd", "bwd", "step")] + [i for i in args.impls if i not in IMPLS]
     if bad:
         p.error(f"unknown --dirs/--impls entries {bad}")
     return args
