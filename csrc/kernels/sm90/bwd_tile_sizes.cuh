@@ -33,17 +33,17 @@ struct BwdTileSizes {
 constexpr BwdTileSizes bwd_tile_sizes(int head_dim) {
   // D = 64, 96 and 128: 64-row steps. At D = 128 dK + dV take 128 registers, S^T + dP^T 64, dQ 32: 224 of 240
   // (177 KB). At D = 64, FlashAttention-3's 128-row steps (S^T + dP^T 128, dK + dV 64, dQ 32, P^T and dS^T 64 more
-  // while the dK / dV GEMMs read them) spilled 904 bytes here (each thread also reads the LSE and D' of its 32
-  // query columns); 64-row steps spill 136 bytes with nvcc 13.0 (98 KB). D = 96: dK + dV 96, S^T + dP^T 64, dQ 24 (its wgmma N is
-  // 48: D split over the two warpgroups); 137 KB.
+  // while the dK / dV GEMMs read them) spilled 904 bytes here (each thread also reads the LSE and D' of its 32 query
+  // columns); 64-row steps spill 136 bytes with nvcc 13.0 (98 KB). D = 96: dK + dV 96, S^T + dP^T 64, dQ 24 (its
+  // wgmma N is 48: D split over the two warpgroups); 137 KB.
   if (head_dim <= 128) return {64, 128, 2, 1, BwdWarpgroupSplit::kByKeys};
   // D = 192 and 256: dK + dV 96 / 128 registers, S^T + dP^T 32 (wgmma N = 32 query columns per warpgroup), dQ 48 /
-  // 64 (live after S^T and dP^T are dead). At D = 256 dK + dV + dQ in one pass spilled 1.3 KB (ptxas), so dQ is two
-  // GEMMs of 64 x 64 per warpgroup (32 registers), the first staged while the second runs after dK's. Shared memory: K + V 48 / 64 KB, P + dS 16 KB, dQ staging 48 / 64 KB,
-  // Q + dO 48 / 64 KB per stage: two stages fit at D = 192 (208 KB), one at D = 256 (208 KB; two would be 272).
-  // FlashAttention-3 at these widths takes 64-row steps too, with one dO stage.
-  if (head_dim <= 192) return {64, 64, 2, 1, BwdWarpgroupSplit::kByHeadDim};
-  return {64, 64, 1, 2, BwdWarpgroupSplit::kByHeadDim};
+  // 64 in one GEMM. With the SS GEMMs' descriptors that spilled dK around the dQ GEMM (ptxas: 608 / 1336 bytes), so
+  // dQ is two GEMMs per step over column slices of D (24 / 32 registers), the first staged while dK's GEMM runs.
+  // Shared memory: K + V 48 / 64 KB, P + dS 16 KB, dQ staging 48 / 64 KB, Q + dO 48 / 64 KB per stage: two stages
+  // fit at D = 192 (209 KB), one at D = 256 (209 KB; two would be 273). FlashAttention-3 at these widths takes
+  // 64-row steps too, with one dO stage.
+  return {64, 64, head_dim <= 192 ? 2 : 1, 2, BwdWarpgroupSplit::kByHeadDim};
 }
 
 }  // namespace flashjax::sm90
