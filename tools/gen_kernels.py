@@ -8,11 +8,11 @@ The table below is the only place that says which kernels exist. Running this sc
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
 Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
-  full    every row of the spec table: 4 (family, direction) pairs x 2 dtypes x their head dims (5 each; the sm90
-          backward 64 and 128 so far), and the sm80 family's 99 KB rows (forward 256, backward 96-256) = 44 kernels
+  full    every row of the spec table: 4 (family, direction) pairs x 2 dtypes x 5 head dims, and the sm80 family's
+          99 KB rows (forward 256, backward 96-256) = 50 kernels
   ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once,
           and the sm80 backward's D 256 99 KB row (V in registers, 32-key CTAs)
-  bench   BENCH_SET: the sm90 forward and sm80 backward, bf16, D 64/128/192/256, for kernel experiments
+  bench   BENCH_SET: the sm90 forward and both backward families, bf16, D 64/128/192/256, for kernel experiments
   none    no kernels (the host code and Python alone; every call then takes the reference)
 
 Each row names three functions of its family's launch.h, defined next to run_<direction> and instantiated with it
@@ -48,8 +48,9 @@ ARCH_SPECIFIC = {"sm90": "90a"}
 DTYPES = {"fp16": ("cutlass::half_t", "kFloat16"), "bf16": ("cutlass::bfloat16_t", "kBFloat16")}
 HEAD_DIMS = (64, 96, 128, 192, 256)
 # Families that compile fewer head dims (the others fall back to a family that has them: dispatch picks the newest
-# family with a row for the call's width).
-FAMILY_HEAD_DIMS = {("sm90", "bwd"): (64, 128)}
+# family with a row for the call's width). Every family has all of them now (the sm90 backward since issue 36's
+# head-dim part).
+FAMILY_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {}
 # Shared-memory budgets, in KB per block, that a family's tiles are compiled for, with the head dims of each: the
 # launchers take the budget as a template argument, the tile-size functions (kernels/sm80/{fwd,bwd}_tile_sizes.cuh)
 # return the largest configuration that fits it, and dispatch takes the row with the most shared memory that fits the
@@ -77,7 +78,7 @@ CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("
 # directory. Not for tests: no fp16, no other head dims, no sm80 forward.
 BENCH_SET = ({(f, d, "bf16", h, b) for f, d, b in (("sm90", "fwd", None), ("sm80", "bwd", 163))
               for h in (64, 128, 192, 256)}
-             | {("sm90", "bwd", "bf16", h, None) for h in (64, 128)})
+             | {("sm90", "bwd", "bf16", h, None) for h in (64, 128, 192, 256)})
 
 
 def spec_table():

@@ -101,6 +101,25 @@ TEST_F(ChooseKernel, PrefersTheNewestFamilyTheDeviceRuns) {
   EXPECT_NE(ampere.reason.find("sm80 forward kernel"), std::string::npos) << ampere.reason;
 }
 
+// The sm90 backward has a row at every head dim (its 64-key plan at D 192 / 256 needs 209 KB, under sm90's 227 KB):
+// Hopper takes it at each, other devices the sm80 row of the same width.
+TEST_F(ChooseKernel, HopperTakesTheSm90BackwardAtEveryHeadDim) {
+  std::vector<KernelEntry> rows;
+  for (int hdim : {64, 96, 128, 192, 256}) {
+    rows.push_back(entry("sm80", Direction::kBwd, DType::kBFloat16, hdim));
+    rows.push_back(entry("sm90", Direction::kBwd, DType::kBFloat16, hdim, 209 * 1024));
+  }
+  for (int hdim : {64, 96, 128, 192, 256}) {
+    const Choice hopper = choose_kernel(90, archs, key(Direction::kBwd, DType::kBFloat16, hdim), rows);
+    ASSERT_NE(hopper.kernel, nullptr) << hdim;
+    EXPECT_STREQ(hopper.kernel->family, "sm90") << hdim;
+    EXPECT_EQ(hopper.kernel->head_dim, hdim);
+    const Choice ampere = choose_kernel(80, archs, key(Direction::kBwd, DType::kBFloat16, hdim), rows);
+    ASSERT_NE(ampere.kernel, nullptr) << hdim;
+    EXPECT_STREQ(ampere.kernel->family, "sm80") << hdim;
+  }
+}
+
 TEST_F(ChooseKernel, MatchesDirectionDtypeAndHeadDim) {
   const Choice bwd = choose_kernel(90, archs, key(Direction::kBwd, DType::kBFloat16, 128), table);
   ASSERT_NE(bwd.kernel, nullptr);

@@ -28,6 +28,11 @@ CONFIGS = [
     sweep.Config(dtype="bfloat16", batch=1, seqlen_q=150, seqlen_k=0, heads_q=2, heads_k=2, head_dim=96, causal=True),
     sweep.Config(dtype="float16", batch=2, seqlen_q=129, seqlen_k=129, heads_q=4, heads_k=4, head_dim=192,
                  causal=True, window_size=(0, 0), sinks=True),
+    # The sm90 backward's D 96 (128-key CTAs, dQ N = 48) and D 256 (64-key CTAs, one Q / dO stage, dQ in two slices).
+    sweep.Config(dtype="float16", batch=1, seqlen_q=200, seqlen_k=77, heads_q=2, heads_k=2, head_dim=96,
+                 window_size=(32, 7)),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=130, seqlen_k=200, heads_q=4, heads_k=2, head_dim=256,
+                 causal=True, softcap=5.0),
 ]
 
 

@@ -173,11 +173,56 @@ def test_explain_names_the_sm90_backward_on_hopper():
                 for row in flashjax._ffi.build_info().get("kernels", [])}
     if device is None or device[0] != 90 or ("sm90", "bwd", 128) not in families:
         pytest.skip("needs an sm90 device and a build with the sm90 backward")
-    q, k, v = _inputs(0)
-    assert "backward: sm90 backward kernel" in flashjax.explain(q, k, v, causal=True)
-    q256, k256, v256 = _inputs(0, d=256)
-    assert "backward: sm80 backward kernel" in flashjax.explain(q256, k256, v256, causal=True)
+    for d in (64, 96, 128, 192, 256):
+        if ("sm90", "bwd", d) not in families:
+            continue
+        q, k, v = _inputs(0, d=d)
+        assert "backward: sm90 backward kernel" in flashjax.explain(q, k, v, causal=True), d
 
+
+# The sm90 backward at D 96 (the 128-key plan; dQ's wgmma N is 48), 192 and 256 (64-key CTAs whose warpgroups split
+# S^T / dP^T by query columns and dK / dV / dQ by D, P^T and dS^T through shared memory; one Q / dO stage at 256:
+# bwd_tile_sizes.cuh). Every case has Sq != Sk, neither a multiple of 64 (query blocks cut by Sq, key blocks by Sk),
+# and some of: causal either way round, windows, GQA, softcap, sinks (with the lse cotangent), deterministic=True.
+SM90_BWD_HEAD_DIM_CASES = [
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=700, seqlen_k=1001, heads_q=8, heads_k=2, head_dim=96,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1000, seqlen_k=333, heads_q=4, heads_k=4, head_dim=96,
+                 window_size=(100, 30), softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=900, seqlen_k=301, heads_q=4, heads_k=1, head_dim=96,
+                 causal=True, deterministic=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=300, seqlen_k=1000, heads_q=4, heads_k=1, head_dim=192,
+                 causal=True),
+    sweep.Config(dtype="float16", batch=2, seqlen_q=513, seqlen_k=65, heads_q=4, heads_k=2, head_dim=192,
+                 softcap=3.0, sinks=True),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=2000, seqlen_k=1900, heads_q=2, heads_k=1, head_dim=192,
+                 window_size=(200, 0), sinks=True, deterministic=True),
+    sweep.Config(dtype="bfloat16", batch=2, seqlen_q=1000, seqlen_k=301, heads_q=8, heads_k=2, head_dim=256,
+                 causal=True, sinks=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=333, seqlen_k=444, heads_q=4, heads_k=2, head_dim=256,
+                 window_size=(50, 70), softcap=5.0),
+    sweep.Config(dtype="bfloat16", batch=1, seqlen_q=1000, seqlen_k=3001, heads_q=4, heads_k=2, head_dim=256,
+                 deterministic=True),
+    sweep.Config(dtype="float16", batch=1, seqlen_q=1, seqlen_k=4000, heads_q=16, heads_k=4, head_dim=256),
+]
+
+
+@pytest.mark.parametrize("cfg", SM90_BWD_HEAD_DIM_CASES, ids=str)
+def test_sm90_bwd_head_dims(cfg):
+    device = flashjax._ffi.default_device()
+    rows = {(row["family"], row["direction"], row["head_dim"])
+            for row in flashjax._ffi.build_info().get("kernels", [])}
+    if device is None or device[0] != 90 or ("sm90", "bwd", cfg.head_dim) not in rows:
+        pytest.skip("needs an sm90 device and a build with the sm90 backward at this head dim")
+    rng = np.random.default_rng([SEED, 13_000 + SM90_BWD_HEAD_DIM_CASES.index(cfg)])
+    inputs = sweep.make_inputs(cfg, rng)
+    q, k, v, sinks, *_ = inputs
+    explained = flashjax.explain(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
+                                 softcap=cfg.softcap, deterministic=cfg.deterministic)
+    assert "backward: sm90 backward kernel" in explained, explained
+    bad = sweep.check(cfg, sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"),
+                                         inputs))
+    assert not bad, f"{cfg}: {bad}"
 
 # More tiles than two per SM (132 on an H100/H200), so that each persistent CTA runs several in a row: the sm90
 # consumers carry state from one tile into the next (the next tile's first GEMM goes out with this tile's last,

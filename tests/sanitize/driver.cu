@@ -63,9 +63,10 @@ struct Config {
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
 // causal, windows that empty rows, sinks, softcap, and empty sequences on either side. The sm90 forward packs the
 // GQA configs with short Sq (fwd_pack_gqa.h: 130/77, 1/300, 77/300, 9/300). A config with a head dim runs that
-// variant only: config 13 reaches sm90's D 256 kernel for unbanded rows of at most 512 keys (128 x 64 tiles). The last
+// variant only: config 13 reaches sm90's D 256 kernel for unbanded rows of at most 512 keys (128 x 64 tiles). The next
 // three split keys (sm90's split kernel and its combine, fwd_split_kv.h; the parts' workspace poisoned), the third
-// with softcap.
+// with softcap. The deterministic ones close the list, the last two on the sm90 backward's 64-key plan at D 256 and
+// 192 (bwd_tile_sizes.cuh).
 const Config kConfigs[] = {
     {2, 77, 130, 4, 2, -1, -1, false, 0.f, false, "full attention, ragged Sq < Sk, GQA 4/2"},
     {1, 130, 77, 4, 2, -1, -1, false, 5.f, true, "full attention, Sq > Sk, softcap 5, dlse"},
@@ -90,6 +91,10 @@ const Config kConfigs[] = {
     {2, 300, 700, 4, 2, -1, 0, true, 0.f, true, "deterministic: causal Sq < Sk, GQA 4/2, sinks (ordered dsinks), dlse",
      128, 1, true},
     {1, 300, 300, 4, 2, 32, 7, false, 5.f, false, "deterministic: two-sided window (32, 7), softcap 5", 64, 1, true},
+    {1, 300, 130, 4, 2, -1, 0, true, 0.f, true, "deterministic, sm90 D 256 (64-key CTAs split along D): causal Sq > Sk",
+     256, 1, true},
+    {2, 130, 300, 4, 1, 32, 7, false, 5.f, false, "deterministic, sm90 D 192: window (32, 7), softcap 5, MQA 4/1", 192,
+     1, true},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

@@ -4,6 +4,7 @@
 //     warps 2 and 3 exit;
 //   warpgroups 1 and 2, MMA (setmaxnreg.inc): the steps (Mainloop::mma), dK and dV in registers throughout, then
 //     the epilogue (bwd_epilogue.cuh).
+//     (Each owns 64 keys over all of D, or, at D > 128, all 64 keys over half of D: bwd_tile_sizes.cuh.)
 // A CTA whose keys no query row sees runs no step and writes zero dK and dV.
 #pragma once
 
@@ -20,9 +21,10 @@
 
 namespace flashjax::sm90 {
 
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap>
+// Tiles and warpgroup split: bwd_tile_sizes(kHeadDim), read by the mainloop.
+template <typename Element, int kHeadDim, bool kSoftcap>
 struct BwdKernelSm90 {
-  using Mainloop = BwdMainloopSm90<Element, kHeadDim, kBlockM, kBlockN, kSoftcap>;
+  using Mainloop = BwdMainloopSm90<Element, kHeadDim, kSoftcap>;
   static constexpr int kThreads = 128 + Mainloop::kMmaThreads;
   // 128 * 24 + 256 * 240 = 64512 of the 64K registers (see FwdKernelSm90 for the bound).
   static constexpr int kProducerRegisters = 24;

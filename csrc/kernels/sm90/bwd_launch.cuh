@@ -28,8 +28,7 @@ namespace flashjax::sm90 {
 namespace detail {
 
 template <typename Element, int kHeadDim, bool kSoftcap>
-using BwdKernelFor = BwdKernelSm90<Element, kHeadDim, bwd_tile_sizes(kHeadDim).block_m,
-                                   bwd_tile_sizes(kHeadDim).block_n, kSoftcap>;
+using BwdKernelFor = BwdKernelSm90<Element, kHeadDim, kSoftcap>;
 
 template <typename Kernel>
 cudaError_t launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
@@ -117,9 +116,11 @@ FamilyChoices bwd_choices(const AttnShape&, const ChoiceQuery& query) {
   choices.block_m = kTiles.block_m;
   choices.block_n = kTiles.block_n;
   if (query.explain) {
-    choices.tile_reason = std::to_string(kTiles.block_n) + " keys per CTA (two MMA warpgroups of 64), " +
-                          std::to_string(kTiles.block_m) + " query rows per step (bwd_tile_sizes for head dim " +
-                          std::to_string(kHeadDim) + ")";
+    const char* split = kTiles.split == BwdWarpgroupSplit::kByKeys
+                            ? " keys per CTA (two MMA warpgroups of 64), "
+                            : " keys per CTA (two MMA warpgroups, each dK / dV for half of the head dim), ";
+    choices.tile_reason = std::to_string(kTiles.block_n) + split + std::to_string(kTiles.block_m) +
+                          " query rows per step (bwd_tile_sizes for head dim " + std::to_string(kHeadDim) + ")";
   }
   return choices;
 }

@@ -13,6 +13,11 @@
 // of the block's keys. dK and dV stay in registers for the whole sweep. The dQ writer warp adds each step's dQ into
 // the f32 workspace with TMA bulk reduce-adds, off the MMA warpgroups' path; the postprocess converts it.
 //
+// Where dK + dV of 64 keys over all of D do not fit a warpgroup's registers (D > 128: bwd_tile_sizes.cuh's
+// kByHeadDim), the CTA takes 64 keys and the warpgroups split the work differently: each computes S^T and dP^T for
+// half of the query columns, P^T joins dS in shared memory, and each accumulates dK and dV of all 64 keys for half
+// of D, with both operands of those GEMMs read from shared memory (SS wgmma). The rest of the step is the same.
+//
 // Rows past Sq are zero-filled by TMA and have lse_log2 = +inf (the preprocess pads the workspace so), so their P
 // and dS are exactly 0; keys past Sk are zero-filled and masked (BwdBandMask::needs_mask covers the last block).
 #pragma once
@@ -29,6 +34,7 @@
 #include "flashjax/workspace.h"
 #include "kernels/sm90/bwd_dq_order.cuh"
 #include "kernels/sm90/bwd_named_barriers.cuh"
+#include "kernels/sm90/bwd_tile_sizes.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
@@ -52,58 +58,81 @@ __device__ __forceinline__ void bulk_wait_all_complete() {
 #endif
 }
 
-template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, bool kSoftcap_>
+template <typename Element_, int kHeadDim_, bool kSoftcap_>
 struct BwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = kBlockM_;
-  static constexpr int kBlockN = kBlockN_;
+  static constexpr BwdTileSizes kTiles = bwd_tile_sizes(kHeadDim);
+  static constexpr int kBlockM = kTiles.block_m;
+  static constexpr int kBlockN = kTiles.block_n;
   // Compiled for soft-capped calls (tanh' enters dS), as a kernel of its own like the forward's.
   static constexpr bool kSoftcap = kSoftcap_;
   static constexpr int kMmaWarpgroups = BwdNamedBarrier::kMmaWarpgroups;
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
-  static constexpr int kStages = 2;  // Q and dO buffers each: the next step's tiles load during this one
-  static_assert(kBlockN == 64 * kMmaWarpgroups, "each MMA warpgroup owns 64 keys (one wgmma M)");
+  static constexpr int kStages = kTiles.stages;  // Q and dO buffers each
+  // P^T and dS^T reach the dK / dV GEMMs through shared memory, which split D over the warpgroups.
+  static constexpr bool kSplitByHeadDim = kTiles.split == BwdWarpgroupSplit::kByHeadDim;
+  // S^T / dP^T are split over the warpgroups by keys (M) or by query columns (N); dK / dV by keys or by D.
+  static constexpr int kSdpWarpgroupsM = kSplitByHeadDim ? 1 : kMmaWarpgroups;
+  static constexpr int kSdpWarpgroupsN = kMmaWarpgroups / kSdpWarpgroupsM;
+  static constexpr int kDkvWarpgroupsN = kSdpWarpgroupsN;
+  static_assert(kBlockN == 64 * kSdpWarpgroupsM, "a warpgroup's keys are one wgmma M");
   static_assert(kBlockM == 64 || kBlockM == 128);
   static_assert(kBlockM % kBwdDqSemaphoreRows == 0, "a query block owns whole deterministic-mode counters");
   // dQ = dS K is split over the warpgroups by rows where a step has 128 of them, else by columns of D.
   static constexpr int kDqWarpgroupsM = kBlockM / 64;
   static constexpr int kDqWarpgroupsN = kMmaWarpgroups / kDqWarpgroupsM;
+  // dQ GEMMs per step, each over a column slice of D (bwd_tile_sizes.cuh: with 2 the dQ accumulator is half the size).
+  static constexpr int kDqPasses = kTiles.dq_passes;
+  static_assert(kDqPasses == 1 || (kDqPasses == 2 && kSplitByHeadDim));
 
   using HeadDim = cute::Int<kHeadDim>;
   using BlockM = cute::Int<kBlockM>;
   using BlockN = cute::Int<kBlockN>;
   using Stages = cute::Int<kStages>;
+  using DqPassShape = cute::Shape<BlockM, cute::Int<kHeadDim / kDqPasses>>;  // one dQ GEMM's share of the block
   using WarpgroupsAlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+  using WarpgroupsAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>;
 
   // S^T = K Q^T and dP^T = V dO^T (keys x queries, K = D), both operands K-major in shared memory.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlockN, BlockM, HeadDim>>(),
-      WarpgroupsAlongM{}));
-  // dV += P^T dO and dK += dS^T Q (keys x D, K = queries): A from registers, B = dO / Q read transposed (MN-major).
-  using TiledMmaDkv = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<BlockN, cute::Int<kBlockM / kSdpWarpgroupsN>, HeadDim>>(),
+      cute::Layout<cute::Shape<cute::Int<kSdpWarpgroupsM>, cute::Int<kSdpWarpgroupsN>, cute::_1>>{}));
+  // dV += P^T dO and dK += dS^T Q (keys x D, K = queries), B = dO / Q read transposed (MN-major). kByKeys: A from
+  // registers. kByHeadDim: A = P^T / dS^T read from shared memory through the transposed view of P / dS (MN-major),
+  // each warpgroup taking half of D.
+  using TiledMmaDkvFromRegisters = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<BlockN, HeadDim, BlockM>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       WarpgroupsAlongM{}));
+  using TiledMmaDkvFromSmem = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<BlockN, cute::Int<kHeadDim / kMmaWarpgroups>, BlockM>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>(),
+      WarpgroupsAlongN{}));
+  using TiledMmaDkv = std::conditional_t<kSplitByHeadDim, TiledMmaDkvFromSmem, TiledMmaDkvFromRegisters>;
   // dQ = dS K (queries x D, K = keys): dS K-major, K read transposed (MN-major).
   using TiledMmaDq = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<BlockM, cute::Int<kHeadDim / kDqWarpgroupsN>, BlockN>,
+                                 cute::Shape<BlockM, cute::Int<kHeadDim / kDqWarpgroupsN / kDqPasses>, BlockN>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       cute::Layout<cute::Shape<cute::Int<kDqWarpgroupsM>, cute::Int<kDqWarpgroupsN>, cute::_1>>{}));
 
   // Shared layouts, in the canonical wgmma forms (the same swizzles TMA writes). A K-major swizzle atom read along
   // its other mode is the MN-major atom of the same swizzle, so one buffer serves both views: Q and dO as the K-major
   // B of S^T / dP^T and, transposed, as the MN-major B of dK / dV; K as the K-major A of S^T and, transposed, as the
-  // MN-major B of dQ, whose warpgroups may each take half of D (K's atom is chosen no wider than that half).
-  using SmemLayoutAtomQdO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K,
-                                                                                         Element, BlockM, HeadDim>());
+  // MN-major B of dQ. Where the warpgroups of a GEMM each take half of D (dQ; dK / dV with kByHeadDim), the atom is
+  // chosen no wider than that half, so that each half starts at an atom.
+  using SmemLayoutAtomQdO = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
+                                     cute::GMMA::Major::K, Element, BlockM, cute::Int<kHeadDim / kDkvWarpgroupsN>>());
   using SmemLayoutQdO = decltype(cute::tile_to_shape(SmemLayoutAtomQdO{}, cute::Shape<BlockM, HeadDim, Stages>{}));
   using SmemLayoutQdOt = decltype(cute::composition(
       SmemLayoutQdO{}, cute::make_layout(cute::Shape<HeadDim, BlockM, Stages>{},
                                          cute::Stride<BlockM, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
   using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<
-                                   cute::GMMA::Major::K, Element, BlockN, cute::Int<kHeadDim / kDqWarpgroupsN>>());
+                                   cute::GMMA::Major::K, Element, BlockN,
+                                   cute::Int<kHeadDim / kDqWarpgroupsN / kDqPasses>>());
   using SmemLayoutK = decltype(cute::tile_to_shape(SmemLayoutAtomK{}, cute::Shape<BlockN, HeadDim>{}));
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlockN>{}, cute::Stride<BlockN, cute::_1>{})));
@@ -111,7 +140,8 @@ struct BwdMainloopSm90 {
                                                                                        Element, BlockN, HeadDim>());
   using SmemLayoutV = decltype(cute::tile_to_shape(SmemLayoutAtomV{}, cute::Shape<BlockN, HeadDim>{}));
   // dS (queries x keys, keys contiguous): the K-major A of dQ, written from the dS^T accumulators through the
-  // transposed view with transposing stmatrix (8x8 16-bit blocks).
+  // transposed view with transposing stmatrix (8x8 16-bit blocks); with kByHeadDim that view is also the MN-major A
+  // of dK, and P, stored the same way after dS, is read through it as the A of dV.
   using SmemLayoutAtomDs = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K,
                                                                                         Element, BlockM, BlockN>());
   using SmemLayoutDs = decltype(cute::tile_to_shape(SmemLayoutAtomDs{}, cute::Shape<BlockM, BlockN>{}));
@@ -127,12 +157,16 @@ struct BwdMainloopSm90 {
   // the postprocess reads it back with the same map.
   static constexpr int kDqPartFloats = kBlockM * kHeadDim / kMmaWarpgroups;
 
+  static constexpr int kDsElements = cute::cosize_v<SmemLayoutDs>;
+  static constexpr int kDsBuffers = kSplitByHeadDim ? 2 : 1;
+  static_assert(kDsElements * sizeof(Element) % 1024 == 0, "P's buffer starts at a swizzle-aligned address");
+
   struct TensorStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQdO>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQdO>, 1024> dout;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>, 1024> ds;
+    cute::array_aligned<Element, kDsBuffers * kDsElements, 1024> ds;  // dS, then P with kByHeadDim
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;  // per stage: the Q rows' LSE in log2 units
     cute::array_aligned<float, kStages * kBlockM, 128> dpsum;     // per stage: the dO rows' D'
@@ -369,6 +403,25 @@ struct BwdMainloopSm90 {
     auto copy_ds = make_tiled_copy_C(SmemCopyAtomDs{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(thread_idx);
     Tensor tdSsdS = thr_copy_ds.partition_D(as_position_independent_swizzle_tensor(s_dst));
+    // kByHeadDim: P's stmatrix destination, and the shared-memory A operands (descriptors) of dV and dK.
+    Element* const p_buffer = tensors.ds.data() + (kDsBuffers - 1) * kDsElements;
+    auto tPsP = [&] {
+      if constexpr (kSplitByHeadDim) {
+        return thr_copy_ds.partition_D(
+            as_position_independent_swizzle_tensor(make_tensor(make_smem_ptr(p_buffer), SmemLayoutDst{})));
+      } else {
+        return 0;
+      }
+    }();
+    auto smem_a_dkv = [&](Element* buffer) {
+      if constexpr (kSplitByHeadDim) {
+        return thr_dkv.partition_fragment_A(make_tensor(make_smem_ptr(buffer), SmemLayoutDst{}));
+      } else {
+        return 0;
+      }
+    };
+    auto tdVsP = smem_a_dkv(p_buffer);
+    auto tdKsdS = smem_a_dkv(tensors.ds.data());
     // (key, query) of each S^T value this thread holds, tile-local, in (row, col) view: rows are keys.
     Tensor coords_rc = common::wgmma_acc_rowcol_view(thr_sdp.partition_C(make_identity_tensor(Shape<BlockN, BlockM>{})));
     float* dq_part = tensors.dq.data() + warpgroup * kDqPartFloats;
@@ -431,25 +484,60 @@ struct BwdMainloopSm90 {
         Tensor r_ds = make_tensor<Element>(common::wgmma_acc_as_a_layout(acc_dp.layout()));
         common::convert_fragment_into(acc_dp, r_ds);
 
-        // dS^T into shared memory, once both warpgroups' dQ GEMMs of the previous step have read dS.
+        // dS^T (and P^T) into shared memory, once both warpgroups' GEMMs of the previous step have read them.
         cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
         copy(copy_ds, thr_copy_ds.retile_S(make_tensor(r_ds.data(), acc_dp.layout())), tdSsdS);
-        common::wgmma_gemm<false, -1>(mma_dkv, r_p, tdVrdO(_, _, _, stage), acc_dv);
-        cutlass::arch::fence_view_async_shared();  // the stmatrix writes, visible to the wgmma reads of dS
+        if constexpr (kSplitByHeadDim) {
+          copy(copy_ds, thr_copy_ds.retile_S(make_tensor(r_p.data(), acc_s.layout())), tPsP);
+        } else {
+          common::wgmma_gemm<false, -1>(mma_dkv, r_p, tdVrdO(_, _, _, stage), acc_dv);
+        }
+        cutlass::arch::fence_view_async_shared();  // the stmatrix writes, visible to the wgmma reads of dS (and P)
         cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
+        // kByHeadDim: dV's P^T holds both warpgroups' query columns, so its GEMM waits for the whole block.
+        if constexpr (kSplitByHeadDim) common::wgmma_gemm<false, -1>(mma_dkv, tdVsP, tdVrdO(_, _, _, stage), acc_dv);
 
-        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<BlockM, HeadDim>{});
-        common::wgmma_gemm<true, 1>(mma_dq, tdQrdS, tdQrK, acc_dq);  // waits for dV: dO is read
-        pipeline_do.consumer_release(read);
-        common::wgmma_gemm<false, 1>(mma_dkv, r_ds, tdKrQ(_, _, _, stage), acc_dk);  // waits for dQ
-        warpgroup_fence_operand(acc_dq);
-
-        // This warpgroup's dQ share to the writer warp, once it has taken the previous one.
-        cutlass::arch::NamedBarrier::sync(128 + cutlass::NumThreadsPerWarp, BwdNamedBarrier::dq_empty(warpgroup));
-        CUTE_UNROLL
-        for (int j = 0; j < size(acc_dq) / 4; ++j) {
-          reinterpret_cast<float4*>(dq_part)[j * 128 + thread_in_wg] =
-              make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+        auto gemm_dk = [&] {  // waits until one GEMM is in flight: the dQ GEMM issued before it is complete
+          if constexpr (kSplitByHeadDim) {
+            common::wgmma_gemm<false, 1>(mma_dkv, tdKsdS, tdKrQ(_, _, _, stage), acc_dk);
+          } else {
+            common::wgmma_gemm<false, 1>(mma_dkv, r_ds, tdKrQ(_, _, _, stage), acc_dk);
+          }
+        };
+        // Stages dQ values at float4 index first_float4 of this warpgroup's share onwards (fragment order).
+        auto stage_dq = [&](const auto& acc_dq, int first_float4) {
+          CUTE_UNROLL
+          for (int j = 0; j < size(acc_dq) / 4; ++j) {
+            reinterpret_cast<float4*>(dq_part)[(first_float4 + j) * 128 + thread_in_wg] =
+                make_float4(acc_dq(4 * j), acc_dq(4 * j + 1), acc_dq(4 * j + 2), acc_dq(4 * j + 3));
+          }
+        };
+        Tensor acc_dq = partition_fragment_C(mma_dq, DqPassShape{});
+        if constexpr (kDqPasses == 1) {
+          common::wgmma_gemm<true, 1>(mma_dq, tdQrdS, tdQrK, acc_dq);  // waits for dV: dO is read
+          pipeline_do.consumer_release(read);
+          gemm_dk();
+          warpgroup_fence_operand(acc_dq);
+          // This warpgroup's dQ share to the writer warp, once it has taken the previous one.
+          cutlass::arch::NamedBarrier::sync(128 + cutlass::NumThreadsPerWarp, BwdNamedBarrier::dq_empty(warpgroup));
+          stage_dq(acc_dq, 0);
+        } else {
+          // Two column slices of dQ: the first is staged while the GEMM of dK runs, the second after it. The slices
+          // are the TiledMmaDq's N tiles, so together they stage the fragment order of the whole share.
+          auto dq_slice_b = [&](int slice) {
+            return thr_dq.partition_fragment_B(local_tile(s_kt, Shape<Int<kHeadDim / kDqPasses>, BlockN>{},
+                                                          make_coord(slice, _0{})));
+          };
+          Tensor tdQrK_first = dq_slice_b(0);
+          common::wgmma_gemm<true, 1>(mma_dq, tdQrdS, tdQrK_first, acc_dq);  // waits for dV: dO is read
+          pipeline_do.consumer_release(read);
+          gemm_dk();
+          warpgroup_fence_operand(acc_dq);
+          cutlass::arch::NamedBarrier::sync(128 + cutlass::NumThreadsPerWarp, BwdNamedBarrier::dq_empty(warpgroup));
+          stage_dq(acc_dq, 0);
+          Tensor tdQrK_second = dq_slice_b(1);
+          common::wgmma_gemm<true, 0>(mma_dq, tdQrdS, tdQrK_second, acc_dq);  // and dK before it
+          stage_dq(acc_dq, size(acc_dq) / 4);
         }
         cutlass::arch::fence_view_async_shared();  // visible to the bulk reduce (async proxy)
         cutlass::arch::NamedBarrier::arrive(128 + cutlass::NumThreadsPerWarp, BwdNamedBarrier::dq_full(warpgroup));
