@@ -1,6 +1,7 @@
 // The sm80-family forward kernel: wires tile scheduler, band, mainloop, softmax finalization and epilogue.
-// One instantiation per (Element, head dim, softcap on/off) covers every feature: causal/local band, GQA, sinks and
-// ragged sizes and varlen (packed sequences) are runtime decisions, taken per CTA or per KV block (see band_mask.cuh and fwd_mainloop.cuh).
+// One instantiation per (Element, head dim, softcap on/off) covers every feature: causal/local band, GQA, sinks,
+// ragged sizes and varlen (packed sequences, fwd_tile_scheduler.cuh) are runtime decisions, taken per CTA or per KV
+// block (see band_mask.cuh and fwd_mainloop.cuh).
 // Softcap is a compile-time switch because, as a uniform runtime branch in the mainloop, ptxas if-converted the tanh
 // code and every uncapped KV block issued it predicated off (~320 of ~1200 instructions per warp at D = 128). It is a
 // separate kernel, not a second copy of the loop in this one: with both copies inlined into one function the capped
