@@ -63,9 +63,15 @@ std::string dims_str(ffi::Span<const int64_t> dims) {
 
 // Fills shapes, contiguous strides and semantics from q [B, Sq, Hq, D] and k [B, Sk, Hk, D]; checks that
 // every tensor agrees (Python validated already; this guards against a mismatched lowering).
+// varlen_dims: q's and k's [B, S, H, D] for varlen's rank-3 operands (B = 1), which fill_varlen_shape checked.
 ffi::Error fill_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
-                      float softmax_scale, float softcap, int32_t window_left, int32_t window_right) {
-  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+                      float softmax_scale, float softcap, int32_t window_left, int32_t window_right,
+                      const int64_t* varlen_dims = nullptr) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (varlen_dims != nullptr) {
+    qd = ffi::Span<const int64_t>(varlen_dims, 4);
+    kd = vd = ffi::Span<const int64_t>(varlen_dims + 4, 4);
+  }
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4) {
     return invalid("q, k, v must be rank 4 [B, S, H, D], got " + dims_str(qd) + ", " + dims_str(kd) + ", " +
                    dims_str(vd));
@@ -107,16 +113,20 @@ class OptionalOperands {
  public:
   OptionalOperands(const ffi::RemainingArgs& rest, size_t slots) : rest_(rest), every_slot_(rest.size() == slots) {}
 
-  // The next slot's data (checked to hold `elements` f32 values), or nullptr when the slot's flag is off.
-  ffi::Error take(bool present, size_t elements, const char* name, const float*& data) {
+  // The next slot's data (checked to hold `elements` values of kType: f32, or s32 for varlen's seqused), or nullptr
+  // when the slot's flag is off.
+  template <ffi::DataType kType = ffi::F32, typename T>
+  ffi::Error take(bool present, size_t elements, const char* name, const T*& data) {
     data = nullptr;
     if (!present) {
       next_ += every_slot_ ? 1 : 0;  // a placeholder to step over
       return ffi::Error::Success();
     }
     if (next_ >= rest_.size()) return invalid(std::string(name) + " is flagged present but was not passed");
-    auto buffer = rest_.get<ffi::Buffer<ffi::F32>>(next_++);
-    if (buffer.has_error()) return invalid(std::string(name) + " must be a float32 array");
+    auto buffer = rest_.get<ffi::Buffer<kType>>(next_++);
+    if (buffer.has_error()) {
+      return invalid(std::string(name) + (kType == ffi::F32 ? " must be a float32 array" : " must be an int32 array"));
+    }
     if (buffer->element_count() != elements) {
       return invalid(std::string(name) + " must have " + std::to_string(elements) + " elements, got " +
                      std::to_string(buffer->element_count()));
@@ -225,6 +235,68 @@ ffi::Error fwd_split_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q
   apply_choices(plan, p);
   p.o_partial = o_partial->typed_data();
   p.lse_partial = lse_partial->typed_data();
+  return launch(plan, p, stream);
+}
+
+// Varlen's shapes: q [Tq, Hq, D], k/v [Tk, Hk, D], cu_seqlens_q/_k [N + 1] int32 (their values are the kernels' to
+// clamp: device data, never read here). Fills the descriptor as one batch of Tq / Tk rows (params.h), lse [Hq, Tq].
+ffi::Error fill_varlen_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                             const ffi::Buffer<ffi::S32>& cu_seqlens_q, const ffi::Buffer<ffi::S32>& cu_seqlens_k,
+                             float softmax_scale, float softcap, int32_t window_left, int32_t window_right) {
+  const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  if (qd.size() != 3 || kd.size() != 3 || vd.size() != 3) {
+    return invalid("varlen q, k, v must be rank 3 [T, H, D], got " + dims_str(qd) + ", " + dims_str(kd) + ", " +
+                   dims_str(vd));
+  }
+  if (vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2]) {
+    return invalid("varlen v must be shaped like k, got k " + dims_str(kd) + ", v " + dims_str(vd));
+  }
+  const int64_t bounds[] = {1, qd[0], qd[1], qd[2], 1, kd[0], kd[1], kd[2]};
+  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right, bounds); err.failure()) {
+    return err;
+  }
+  const size_t offsets = cu_seqlens_q.element_count();
+  if (offsets == 0 || cu_seqlens_k.element_count() != offsets || cu_seqlens_q.dimensions().size() != 1) {
+    return invalid("cu_seqlens_q and cu_seqlens_k must both be [N + 1] int32, got " +
+                   dims_str(cu_seqlens_q.dimensions()) + " and " + dims_str(cu_seqlens_k.dimensions()));
+  }
+  p.num_seqs = static_cast<int32_t>(offsets - 1);
+  p.cu_seqlens_q = cu_seqlens_q.typed_data();
+  p.cu_seqlens_k = cu_seqlens_k.typed_data();
+  p.lse_batch_stride = 0;  // lse [Hq, Tq]: set_contiguous_strides' head stride (Tq) already holds
+  return ffi::Error::Success();
+}
+
+// The varlen forward: operands as fill_varlen_shape's; optional seqused_q, seqused_k ([N] int32) and sinks ([Hq]
+// f32), in that order, as their flags say.
+ffi::Error fwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
+                           ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                           ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_seqused_k, bool has_seqused_q,
+                           bool has_sinks, float softcap, float softmax_scale, int32_t window_left,
+                           int32_t window_right) {
+  FwdParams p;
+  if (auto err = fill_varlen_shape(p, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, softcap, window_left,
+                                   window_right);
+      err.failure()) {
+    return err;
+  }
+  OptionalOperands slots(optional, 3);
+  const size_t n = static_cast<size_t>(p.num_seqs);
+  if (auto err = slots.take<ffi::S32>(has_seqused_q, n, "seqused_q", p.seqused_q); err.failure()) return err;
+  if (auto err = slots.take<ffi::S32>(has_seqused_k, n, "seqused_k", p.seqused_k); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
+  if (o->element_count() != q.element_count() || lse->element_count() != size_t(p.heads_q) * p.seqlen_q) {
+    return invalid("varlen o must be shaped like q and lse [Hq, Tq]");
+  }
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  apply_choices(plan, p);
   return launch(plan, p, stream);
 }
 
@@ -378,6 +450,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
                                   .Ret<ffi::Buffer<ffi::F32>>()     // workspace: lse_partial [B, splits, Hq, Sq]
                                   .Attr<bool>("has_sinks")
                                   .Attr<int32_t>("num_splits")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen, flashjax::fwd_varlen_impl,
+                              flashjax::qkv_binding()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
+                                  .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks [Hq] f32
+                                  .Ret<ffi::AnyBuffer>()          // o [Tq, Hq, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [Hq, Tq]
+                                  .Attr<bool>("has_seqused_k")
+                                  .Attr<bool>("has_seqused_q")
+                                  .Attr<bool>("has_sinks")
                                   .Attr<float>("softcap")
                                   .Attr<float>("softmax_scale")
                                   .Attr<int32_t>("window_left")

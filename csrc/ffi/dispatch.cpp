@@ -94,8 +94,10 @@ std::vector<std::string> split_archs(std::string_view archs) {
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
-  if (problem.varlen) {
-    choice.reason = "no kernel implements varlen (packed) attention yet";
+  // Varlen runs on the portable sm80 family on every arch (sm90 included, until its kernels take packed sequences).
+  constexpr std::string_view kVarlenFamily = "sm80";
+  if (problem.varlen && problem.direction == Direction::kBwd) {
+    choice.reason = "no backward kernel implements varlen (packed) attention yet (the sm80 forward does)";
     return choice;
   }
   if (problem.mask_mod) {
@@ -122,7 +124,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     const int family_sm = family_min_sm(entry.family);
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
-        entry.head_dim != problem.head_dim || !family_runs) {
+        entry.head_dim != problem.head_dim || !family_runs ||
+        (problem.varlen && entry.family != kVarlenFamily)) {
       continue;
     }
     if (ordered && !entry.deterministic) {
@@ -156,7 +159,9 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
-                    " (the newest family this sm_" + std::to_string(device_sm) + " device runs)";
+                    (problem.varlen ? " (varlen: the sm80 family on every device; varlen is not on the sm90 "
+                                      "kernels yet)"
+                                    : " (the newest family this sm_" + std::to_string(device_sm) + " device runs)");
     if (too_big != nullptr && family_min_sm(too_big->family) > family_min_sm(choice.kernel->family)) {
       choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +
                        " of shared memory per block, more than sm_" + std::to_string(device_sm) + " allows (" +

@@ -95,6 +95,8 @@ Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, b
   problem.has_sinks = has_sinks;
   problem.num_splits = num_splits;
   problem.deterministic = deterministic;
+  problem.varlen = shape.cu_seqlens_q != nullptr;
+  if (problem.varlen) problem.batch = shape.num_seqs;
   return problem;
 }
 

@@ -31,7 +31,8 @@ struct Problem {
   int32_t num_splits = 0;      // forward: 0 lets the plan choose; n >= 1 is the count the lowering fixed
 };
 
-// The problem of a call the FFI handler decoded (shape.head_dim is its width; varlen and mask_mod stay off).
+// The problem of a call the FFI handler decoded (shape.head_dim is its width; varlen when shape.cu_seqlens_q is set,
+// batch then being the sequence count N as Python plans it; mask_mod stays off).
 Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, bool deterministic = false);
 
 // The device the call is planned for. Zeros mean unknown: the shared-memory limit then comes from the table by

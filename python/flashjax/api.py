@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _ffi, primitives, reference, sharding, varlen
+from . import _ffi, primitives, reference, sharding, varlen, varlen_kernel
 from .masks import MaskMod
 
 BACKENDS = ("auto", "kernel", "reference")
@@ -242,6 +242,11 @@ def choose(call: Call, *, device_sm: int | None = None):
         plan = _plan_of(call, device_sm)
         if plan["runs"]:
             return "kernel", plan["reason"], plan
+        if call.varlen and plan["fwd"]["family"] is not None and call.options.mask_mod is None:
+            # varlen_kernel.py: the forward on the kernels, its gradients from the reference's VJP until a backward
+            # kernel takes packed sequences.
+            reason = f"{plan['fwd']['reason']}; gradients on the reference ({plan['bwd']['reason']})"
+            return "kernel", reason, plan
         reason = plan["reason"]
     if options.backend == "kernel":
         raise ValueError(f"flashjax: backend='kernel' but no kernel runs this call: {reason}")
@@ -281,6 +286,22 @@ def _kernel_attention(q, k, v, sinks, options: Options, width: int):
     if has_sinks:
         special = (jnp.isnan(sinks) | (sinks == jnp.inf))[None, :, None]
         lse = jnp.where(special, sinks[None, :, None], lse)
+    return out[..., :v.shape[-1]], lse
+
+
+def _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, options: Options,
+                             width: int):
+    """Varlen call on the kernel path (varlen_kernel.py): padded as _kernel_attention pads, sinks as it treats them."""
+    left, right = options.window
+    kernel_sinks = None if sinks is None else jnp.where(sinks == jnp.inf, _TAKES_ALL_SINK, sinks)
+    out, lse = varlen_kernel.attention(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), cu_seqlens_q,
+                                       cu_seqlens_k, seqused_q, seqused_k, kernel_sinks,
+                                       softmax_scale=options.softmax_scale, softcap=options.softcap,
+                                       window_left=left, window_right=right)
+    if sinks is not None:
+        # Rows that see a key take the special sink as lse; unused rows keep -inf (the kernel's prefill).
+        special = (jnp.isnan(sinks) | (sinks == jnp.inf))[:, None] & (lse > -jnp.inf)
+        lse = jnp.where(special, sinks[:, None], lse)
     return out[..., :v.shape[-1]], lse
 
 
@@ -440,10 +461,12 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     seqused_q, seqused_k, sinks = (None if x is None else next(guarded) for x in (seqused_q, seqused_k, sinks))
 
     def run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, mask_mod):
-        # No varlen kernel yet: the plan says so; choose() raises for backend="kernel" and warns once for "auto".
-        choose(call)
+        backend, _, plan = choose(call)
         options = dataclasses.replace(call.options, mask_mod=mask_mod)
         q, k, v = sharding.check("varlen", q, k, v)
+        if backend == "kernel":
+            return _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks,
+                                            options, plan["head_dim"])
         return reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
                                           seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                           **_reference_kwargs(options, sinks))

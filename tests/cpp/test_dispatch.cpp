@@ -144,10 +144,22 @@ TEST_F(ChooseKernel, RefusesDevicesWithoutCode) {
   EXPECT_EQ(volta.kernel, nullptr);
 }
 
-TEST_F(ChooseKernel, RefusesFeaturesWithoutKernels) {
+// Varlen runs on the sm80 family on every device, Hopper included (the sm90 kernels do not take it yet); no backward.
+TEST_F(ChooseKernel, VarlenTakesTheSm80Forward) {
   ProblemKey varlen = key(Direction::kFwd, DType::kBFloat16, 128);
   varlen.varlen = true;
-  EXPECT_EQ(choose_kernel(90, archs, varlen, table).kernel, nullptr);
+  const Choice hopper = choose_kernel(90, archs, varlen, table);
+  ASSERT_NE(hopper.kernel, nullptr);
+  EXPECT_STREQ(hopper.kernel->family, "sm80");
+  EXPECT_NE(hopper.reason.find("sm80 family"), std::string::npos) << hopper.reason;
+  EXPECT_NE(hopper.reason.find("not on the sm90"), std::string::npos) << hopper.reason;
+  varlen.direction = Direction::kBwd;
+  const Choice backward = choose_kernel(90, archs, varlen, table);
+  EXPECT_EQ(backward.kernel, nullptr);
+  EXPECT_NE(backward.reason.find("varlen"), std::string::npos) << backward.reason;
+}
+
+TEST_F(ChooseKernel, RefusesFeaturesWithoutKernels) {
   ProblemKey mask = key(Direction::kFwd, DType::kBFloat16, 128);
   mask.mask_mod = true;
   const Choice c = choose_kernel(90, archs, mask, table);

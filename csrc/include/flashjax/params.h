@@ -41,6 +41,18 @@ struct AttnShape {
   // causal=True arrives here as window_right = 0; -1 leaves a side unbounded.
   int32_t window_left = -1;
   int32_t window_right = -1;
+
+  // Varlen (packed sequences, docs/design.md §2.7), on when cu_seqlens_q != nullptr. Then batch is 1, seqlen_q /
+  // seqlen_k are the token counts Tq / Tk of q [Tq, Hq, D] and k/v [Tk, Hk, D] (the batch strides unused), lse is
+  // [Hq, Tq], and sequence b holds query rows [cu_seqlens_q[b], cu_seqlens_q[b+1]) and key rows likewise, of which
+  // it uses the first seqused_*[b] when given. The arrays are device data nobody checked: kernels clamp every offset
+  // into [0, T] and every length to >= 0 (varlen_sequence in kernels/common/varlen.cuh), so malformed values give
+  // wrong-but-finite rows and never an out-of-bounds access.
+  const int32_t* cu_seqlens_q = nullptr;  // [num_seqs + 1]
+  const int32_t* cu_seqlens_k = nullptr;  // [num_seqs + 1]
+  const int32_t* seqused_q = nullptr;     // optional [num_seqs]
+  const int32_t* seqused_k = nullptr;     // optional [num_seqs]
+  int32_t num_seqs = 0;  // N
 };
 
 // Forward: (q, k, v[, sinks]) -> (o, lse).

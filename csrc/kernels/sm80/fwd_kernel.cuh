@@ -1,6 +1,7 @@
 // The sm80-family forward kernel: wires tile scheduler, band, mainloop, softmax finalization and epilogue.
-// One instantiation per (Element, head dim, softcap on/off) covers every feature: causal/local band, GQA, sinks and
-// ragged sizes are runtime decisions, taken per CTA or per KV block (see band_mask.cuh and fwd_mainloop.cuh).
+// One instantiation per (Element, head dim, softcap on/off) covers every feature: causal/local band, GQA, sinks,
+// ragged sizes and varlen (packed sequences, fwd_tile_scheduler.cuh) are runtime decisions, taken per CTA or per KV
+// block (see band_mask.cuh and fwd_mainloop.cuh).
 // Softcap is a compile-time switch because, as a uniform runtime branch in the mainloop, ptxas if-converted the tanh
 // code and every uncapped KV block issued it predicated off (~320 of ~1200 instructions per warp at D = 128). It is a
 // separate kernel, not a second copy of the loop in this one: with both copies inlined into one function the capped
@@ -37,27 +38,33 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const _
   const auto tile = FwdTileScheduler<kBlockM>::tile(params, blockIdx.x);
   const int head_k = tile.head_q / (params.heads_q / params.heads_k);  // GQA: K/V are read in place, never expanded
   const int m_start = tile.m_block * kBlockM;
+  // Varlen: a virtual block past its sequence's rows (fwd_tile_scheduler.cuh); its rows, if any, the launcher filled.
+  if (m_start >= tile.seqlen_q) return;
 
-  const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
-  const FwdMainloopArgs args{params.seqlen_q - m_start, params.seqlen_k,
+  // Bottom-right alignment per sequence: the band is its used lengths'.
+  const common::BandMask band(tile.seqlen_q, tile.seqlen_k, params.window_left, params.window_right);
+  const FwdMainloopArgs args{tile.seqlen_q - m_start, tile.seqlen_k,
                              band.template kv_blocks<kBlockM, kBlockN>(m_start), band.tile_mask(m_start),
                              common::ScoreTransform(params.softmax_scale, params.softcap)};
 
-  // 64-bit element offsets: batch/head strides times indices overflow int32 on large tensors.
+  // 64-bit element offsets: batch/head strides times indices overflow int32 on large tensors. The tensors start at
+  // the sequence's first row (varlen; 0 when dense) and hold its rows only: loads and stores predicated by them never
+  // touch a neighbouring sequence's.
   const auto* q = static_cast<const Element*>(params.q) + tile.batch * params.q_batch_stride +
-                  tile.head_q * params.q_head_stride;
+                  tile.q_start * params.q_row_stride + tile.head_q * params.q_head_stride;
   const auto* k = static_cast<const Element*>(params.k) + tile.batch * params.k_batch_stride +
-                  head_k * params.k_head_stride;
+                  tile.k_start * params.k_row_stride + head_k * params.k_head_stride;
   const auto* v = static_cast<const Element*>(params.v) + tile.batch * params.v_batch_stride +
-                  head_k * params.v_head_stride;
-  auto* o = static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head_q * params.o_head_stride;
-  Tensor m_q = make_tensor(make_gmem_ptr(q), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                  tile.k_start * params.v_row_stride + head_k * params.v_head_stride;
+  auto* o = static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride +
+            tile.q_start * params.o_row_stride + tile.head_q * params.o_head_stride;
+  Tensor m_q = make_tensor(make_gmem_ptr(q), make_shape(tile.seqlen_q, Int<kHeadDim>{}),
                            make_stride(params.q_row_stride, _1{}));
-  Tensor m_k = make_tensor(make_gmem_ptr(k), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+  Tensor m_k = make_tensor(make_gmem_ptr(k), make_shape(tile.seqlen_k, Int<kHeadDim>{}),
                            make_stride(params.k_row_stride, _1{}));
-  Tensor m_v = make_tensor(make_gmem_ptr(v), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+  Tensor m_v = make_tensor(make_gmem_ptr(v), make_shape(tile.seqlen_k, Int<kHeadDim>{}),
                            make_stride(params.v_row_stride, _1{}));
-  Tensor m_o = make_tensor(make_gmem_ptr(o), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+  Tensor m_o = make_tensor(make_gmem_ptr(o), make_shape(tile.seqlen_q, Int<kHeadDim>{}),
                            make_stride(params.o_row_stride, _1{}));
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
@@ -79,9 +86,9 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const _
   softmax.finalize(acc_o_rc, sink_log2, lse);
 
   float* lse_tile = params.lse != nullptr ? params.lse + tile.batch * params.lse_batch_stride +
-                                                tile.head_q * params.lse_head_stride + m_start
+                                                tile.head_q * params.lse_head_stride + tile.q_start + m_start
                                           : nullptr;
-  fwd_epilogue_sm80<Layouts>(acc_o, lse, g_o, lse_tile, params.seqlen_q - m_start, smem);
+  fwd_epilogue_sm80<Layouts>(acc_o, lse, g_o, lse_tile, args.rows_valid_q, smem);
 }
 
 }  // namespace flashjax::sm80

@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -16,11 +18,36 @@
 
 namespace flashjax::sm80 {
 
+// A template so that the many generated translation units including this header share one definition.
+template <typename T>
+__global__ void fill_kernel(T* data, int64_t count, T value) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    data[i] = value;
+  }
+}
+
+// Varlen: the rows no tile stores (past a sequence's seqused, outside every sequence, or left out by malformed
+// offsets) are defined as the reference defines unused rows, out = 0 and lse = -inf, by filling o and lse before the
+// kernel (stream-ordered; lse [Hq, Tq] is contiguous, o the handler's contiguous [Tq, Hq, D]).
+template <typename Element>
+cudaError_t fill_varlen_outputs(const FwdParams& params, cudaStream_t stream) {
+  const int64_t rows = int64_t(params.seqlen_q) * params.heads_q;
+  cudaError_t err = cudaMemsetAsync(params.o, 0, rows * params.head_dim * sizeof(Element), stream);
+  if (err != cudaSuccess || params.lse == nullptr || rows == 0) return err;
+  const int64_t blocks = std::min<int64_t>((rows + 255) / 256, 4096);
+  fill_kernel<float><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(params.lse, rows, -INFINITY);
+  return cudaGetLastError();
+}
+
 template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   using Layouts = FwdLayouts<Element, kHeadDim, kSmemKB>;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0) {
     return cudaErrorInvalidValue;
+  }
+  if (params.cu_seqlens_q != nullptr) {
+    if (params.batch != 1 || params.num_seqs < 0) return cudaErrorInvalidValue;
+    if (const cudaError_t err = fill_varlen_outputs<Element>(params, stream); err != cudaSuccess) return err;
   }
   const int64_t num_ctas = FwdTileScheduler<Layouts::kBlockM>::num_ctas(params);
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write; a 0-CTA launch would be an error

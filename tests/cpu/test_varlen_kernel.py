@@ -1,0 +1,66 @@
+"""The varlen kernel path's plumbing (python/flashjax/varlen_kernel.py) without a GPU: the CUDA lowering's FFI call
+(target, operands), and off CUDA the same primitive on the reference, values and gradients."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flashjax import reference, varlen_kernel
+
+HQ, HK, D = 4, 2, 16
+CU_Q = np.array([0, 3, 3, 10], np.int32)
+CU_K = np.array([0, 5, 6, 14], np.int32)
+PARAMS = dict(softmax_scale=0.3, softcap=0.0, window_left=-1, window_right=0)
+
+
+def _inputs(seed, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    shapes = [(11, HQ, D), (15, HK, D), (15, HK, D), (HQ,)]
+    return tuple(jnp.asarray(rng.standard_normal(s), dtype if len(s) == 3 else jnp.float32) for s in shapes)
+
+
+def _reference(q, k, v, sinks, seqused_q=None, seqused_k=None):
+    return reference.attention_varlen(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K), seqused_q=seqused_q,
+                                      seqused_k=seqused_k, softmax_scale=0.3, causal=True, window_size=(-1, -1),
+                                      sinks=sinks, softcap=0.0, mask_mod=None)
+
+
+@pytest.mark.parametrize("seqused", [False, True])
+def test_off_cuda_the_primitive_is_the_reference_with_its_gradients(seqused):
+    q, k, v, sinks = _inputs(0)
+    used_q = jnp.array([2, 0, 7], jnp.int32) if seqused else None
+    used_k = jnp.array([5, 1, 3], jnp.int32) if seqused else None
+
+    def loss(fn):
+        def f(q, k, v, sinks):
+            out, lse = fn(q, k, v, sinks)
+            return jnp.sum(out * out) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0))
+        return f
+
+    kernel_path = lambda q, k, v, s: varlen_kernel.attention(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K), used_q,
+                                                             used_k, s, **PARAMS)
+    reference_path = lambda q, k, v, s: _reference(q, k, v, s, used_q, used_k)
+    for got, want in zip(kernel_path(q, k, v, sinks), reference_path(q, k, v, sinks)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    got = jax.grad(loss(kernel_path), argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    want = jax.grad(loss(reference_path), argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seqused,has_sinks", [(False, False), (True, True)])
+def test_cuda_lowering_calls_the_varlen_target_with_only_present_operands(monkeypatch, seqused, has_sinks):
+    monkeypatch.setattr(varlen_kernel._ffi, "register_targets", lambda: None)  # registration is for compiling only
+    q, k, v, sinks = _inputs(1, jnp.bfloat16)
+    used = jnp.array([1, 0, 2], jnp.int32) if seqused else None
+
+    def fn(q, k, v, cu_q, cu_k):
+        return varlen_kernel.attention(q, k, v, cu_q, cu_k, used, used, sinks if has_sinks else None, **PARAMS)
+
+    text = jax.jit(fn).trace(q, k, v, CU_Q, CU_K).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call @flashjax_" in line]
+    assert len(calls) == 1 and "@flashjax_fwd_varlen(" in calls[0]
+    operands = calls[0].split("(", 1)[1].split(")", 1)[0].split(",")
+    assert len(operands) == 5 + 2 * seqused + has_sinks
+    # The results: o like q, lse [Hq, Tq]; the token counts are the only sizes (no compile depends on the packing).
+    assert "tensor<11x4x16xbf16>" in calls[0] and "tensor<4x11xf32>" in calls[0]
