@@ -145,12 +145,19 @@ DETERMINISTIC_CASES = [
 ]
 
 
+def _sm90_backward_rows(deterministic=False):
+    """The head dims whose sm90 backward runs here: an sm90 device, the family in the build (its rows marked
+    deterministic where asked) and not switched off by FLASHJAX_DISABLE_FAMILIES (the sm80 and 99 KB modes)."""
+    device = flashjax._ffi.default_device()
+    if device is None or device[0] != 90 or "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(","):
+        return set()
+    return {row["head_dim"] for row in flashjax._ffi.build_info().get("kernels", [])
+            if row["family"] == "sm90" and row["direction"] == "bwd" and (row.get("deterministic") or not deterministic)}
+
+
 @pytest.mark.parametrize("cfg", DETERMINISTIC_CASES, ids=str)
 def test_deterministic_backward_matches_and_repeats_bit_for_bit(cfg):
-    device = flashjax._ffi.default_device()
-    rows = {(row["family"], row["direction"], row["head_dim"])
-            for row in flashjax._ffi.build_info().get("kernels", []) if row.get("deterministic")}
-    if device is None or device[0] != 90 or ("sm90", "bwd", cfg.head_dim) not in rows:
+    if cfg.head_dim not in _sm90_backward_rows(deterministic=True):
         pytest.skip("needs an sm90 device and a build whose sm90 backward for this head dim is marked deterministic")
     rng = np.random.default_rng([SEED, 12_000 + DETERMINISTIC_CASES.index(cfg)])
     inputs = sweep.make_inputs(cfg, rng)
@@ -168,14 +175,10 @@ def test_deterministic_backward_matches_and_repeats_bit_for_bit(cfg):
 
 
 def test_explain_names_the_sm90_backward_on_hopper():
-    device = flashjax._ffi.default_device()
-    families = {(row["family"], row["direction"], row["head_dim"])
-                for row in flashjax._ffi.build_info().get("kernels", [])}
-    if device is None or device[0] != 90 or ("sm90", "bwd", 128) not in families:
+    widths = _sm90_backward_rows()
+    if 128 not in widths:
         pytest.skip("needs an sm90 device and a build with the sm90 backward")
-    for d in (64, 96, 128, 192, 256):
-        if ("sm90", "bwd", d) not in families:
-            continue
+    for d in sorted(widths & {64, 96, 128, 192, 256}):
         q, k, v = _inputs(0, d=d)
         assert "backward: sm90 backward kernel" in flashjax.explain(q, k, v, causal=True), d
 
@@ -209,10 +212,7 @@ SM90_BWD_HEAD_DIM_CASES = [
 
 @pytest.mark.parametrize("cfg", SM90_BWD_HEAD_DIM_CASES, ids=str)
 def test_sm90_bwd_head_dims(cfg):
-    device = flashjax._ffi.default_device()
-    rows = {(row["family"], row["direction"], row["head_dim"])
-            for row in flashjax._ffi.build_info().get("kernels", [])}
-    if device is None or device[0] != 90 or ("sm90", "bwd", cfg.head_dim) not in rows:
+    if cfg.head_dim not in _sm90_backward_rows():
         pytest.skip("needs an sm90 device and a build with the sm90 backward at this head dim")
     rng = np.random.default_rng([SEED, 13_000 + SM90_BWD_HEAD_DIM_CASES.index(cfg)])
     inputs = sweep.make_inputs(cfg, rng)
