@@ -267,43 +267,52 @@ def _pad_last(x, width):
 _TAKES_ALL_SINK = 1e30
 
 
+def _sinks_for_kernels(sinks):
+    """Sinks as the kernels take them. design §2.4's +inf sink (all weight on the sink) reaches the kernels as a
+    finite logit so large that every key's weight underflows to 0 (out 0, no q/k/v gradient) with no inf - inf in
+    their arithmetic; lse then takes the sink itself (_lse_of_special_sinks), as it does for a NaN sink, whose NaN the
+    kernels already carry into every row that sees a key."""
+    return jnp.where(sinks == jnp.inf, _TAKES_ALL_SINK, sinks)
+
+
+def _lse_of_special_sinks(lse, sinks, head_axis: int):
+    """The kernels' lse with the rows of a head whose sink is +inf or NaN set to that sink (design §2.4). Only lse gets
+    the where, and only if lse is used."""
+    shape = [1] * lse.ndim
+    shape[head_axis] = sinks.shape[0]
+    sinks = sinks.reshape(shape)
+    return jnp.where(jnp.isnan(sinks) | (sinks == jnp.inf), sinks, lse)
+
+
 def _kernel_attention(q, k, v, sinks, options: Options, width: int):
     """Dense call on the kernel path: pad q/k/v to the plan's compiled width, run the primitive, slice v's back."""
     has_sinks = sinks is not None
-    if not has_sinks:
-        sinks_arr = jnp.zeros((q.shape[2],), jnp.float32)
-    else:
-        # design §2.4's +inf sink (all weight on the sink) reaches the kernels as a finite logit so large that every
-        # key's weight underflows to 0 (out 0, no q/k/v gradient) with no inf - inf in their arithmetic; lse then
-        # takes the sink itself (+inf, gradient 1 into the sink), as it does for a NaN sink, whose NaN the kernels
-        # already carry into every row that sees a key. Only lse gets the where, and only if lse is used.
-        sinks_arr = jnp.where(sinks == jnp.inf, _TAKES_ALL_SINK, sinks)
+    sinks_arr = _sinks_for_kernels(sinks) if has_sinks else jnp.zeros((q.shape[2],), jnp.float32)
     left, right = options.window
     out, lse = primitives.forward(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), sinks_arr,
                                   softmax_scale=options.softmax_scale, softcap=options.softcap,
                                   window_left=left, window_right=right, has_sinks=has_sinks,
                                   deterministic=options.deterministic)
     if has_sinks:
-        special = (jnp.isnan(sinks) | (sinks == jnp.inf))[None, :, None]
-        lse = jnp.where(special, sinks[None, :, None], lse)
+        lse = _lse_of_special_sinks(lse, sinks, head_axis=1)  # lse [B, Hq, Sq]
     return out[..., :v.shape[-1]], lse
 
 
 def _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, options: Options,
-                             width: int):
-    """Varlen call on the kernel path (varlen_kernel.py): padded as _kernel_attention pads, sinks as it treats them."""
+                             width: int, max_seqlen_q, max_seqlen_k):
+    """Varlen call on the kernel path (varlen_kernel.py): padded as _kernel_attention pads, sinks as it treats them;
+    the max_seqlen hints serve the reference's gradients."""
     left, right = options.window
-    kernel_sinks = None if sinks is None else jnp.where(sinks == jnp.inf, _TAKES_ALL_SINK, sinks)
     out, lse = varlen_kernel.attention(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), cu_seqlens_q,
-                                       cu_seqlens_k, seqused_q, seqused_k, kernel_sinks,
+                                       cu_seqlens_k, seqused_q, seqused_k,
+                                       None if sinks is None else _sinks_for_kernels(sinks),
                                        softmax_scale=options.softmax_scale, softcap=options.softcap,
-                                       window_left=left, window_right=right)
+                                       window_left=left, window_right=right, max_seqlen_q=max_seqlen_q,
+                                       max_seqlen_k=max_seqlen_k)
     if sinks is not None:
         # Rows that see a key take the special sink as lse; unused rows keep -inf (the kernel's prefill).
-        special = (jnp.isnan(sinks) | (sinks == jnp.inf))[:, None] & (lse > -jnp.inf)
-        lse = jnp.where(special, sinks[:, None], lse)
+        lse = jnp.where(lse > -jnp.inf, _lse_of_special_sinks(lse, sinks, head_axis=0), lse)  # lse [Hq, Tq]
     return out[..., :v.shape[-1]], lse
-
 
 
 def _reference_kwargs(options: Options, sinks):
@@ -466,7 +475,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
         q, k, v = sharding.check("varlen", q, k, v)
         if backend == "kernel":
             return _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks,
-                                            options, plan["head_dim"])
+                                            options, plan["head_dim"], max_seqlen_q, max_seqlen_k)
         return reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
                                           seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                           **_reference_kwargs(options, sinks))

@@ -37,12 +37,14 @@ def _cuda_lowering(ctx, *args, **params):
 
 
 def _reference_fn(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, *, softmax_scale, softcap,
-                  window_left, window_right, has_seqused_q, has_seqused_k, has_sinks):
+                  window_left, window_right, has_seqused_q, has_seqused_k, has_sinks, max_seqlen_q=None,
+                  max_seqlen_k=None):
     return reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                       seqused_q=seqused_q if has_seqused_q else None,
                                       seqused_k=seqused_k if has_seqused_k else None, softmax_scale=softmax_scale,
                                       causal=False, window_size=(window_left, window_right),
-                                      sinks=sinks if has_sinks else None, softcap=softcap, mask_mod=None)
+                                      sinks=sinks if has_sinks else None, softcap=softcap, mask_mod=None,
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
 fwd_varlen_p.def_impl(primitives._eager_impl(fwd_varlen_p))
@@ -56,19 +58,23 @@ def _offsets(x, n):
     return jnp.zeros((n,), jnp.int32) if x is None else x.astype(jnp.int32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params):
+# params: the primitive's; hints: (max_seqlen_q, max_seqlen_k), which only the reference's gradients use (with both,
+# it computes per sequence instead of over all Tq x Tk pairs).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
+def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params, hints):
     return tuple(fwd_varlen_p.bind(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, **dict(params)))
 
 
-def _attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params):
-    out = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params)
+def _attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params, hints):
+    out = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params, hints)
     return out, (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks)
 
 
-def _attention_bwd(params, residuals, cotangents):
+def _attention_bwd(params, hints, residuals, cotangents):
     q, k, v, cu_q, cu_k, used_q, used_k, sinks = residuals
-    reference_call = lambda q, k, v, sinks: _reference_fn(q, k, v, cu_q, cu_k, used_q, used_k, sinks, **dict(params))
+    max_seqlen_q, max_seqlen_k = hints
+    reference_call = lambda q, k, v, sinks: _reference_fn(q, k, v, cu_q, cu_k, used_q, used_k, sinks, **dict(params),
+                                                          max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     _, vjp = jax.vjp(reference_call, q, k, v, sinks)
     dq, dk, dv, dsinks = vjp(cotangents)
     return dq, dk, dv, None, None, None, None, dsinks
@@ -78,8 +84,9 @@ _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, *, softmax_scale, softcap,
-              window_left, window_right):
-    """The varlen call on the kernel path, at q's (already padded) width: (out, lse)."""
+              window_left, window_right, max_seqlen_q=None, max_seqlen_k=None):
+    """The varlen call on the kernel path, at q's (already padded) width: (out, lse). The max_seqlen hints (ints or
+    None) reach only the reference's gradients."""
     n = cu_seqlens_q.shape[0] - 1
     has_sinks = sinks is not None
     params = (("softmax_scale", softmax_scale), ("softcap", softcap), ("window_left", window_left),
@@ -87,4 +94,4 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, 
               ("has_seqused_k", seqused_k is not None), ("has_sinks", has_sinks))
     sinks_arr = jnp.zeros((q.shape[1],), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
     return _attention(q, k, v, cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
-                      _offsets(seqused_q, n), _offsets(seqused_k, n), sinks_arr, params)
+                      _offsets(seqused_q, n), _offsets(seqused_k, n), sinks_arr, params, (max_seqlen_q, max_seqlen_k))

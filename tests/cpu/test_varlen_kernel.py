@@ -64,3 +64,23 @@ def test_cuda_lowering_calls_the_varlen_target_with_only_present_operands(monkey
     assert len(operands) == 5 + 2 * seqused + has_sinks
     # The results: o like q, lse [Hq, Tq]; the token counts are the only sizes (no compile depends on the packing).
     assert "tensor<11x4x16xbf16>" in calls[0] and "tensor<4x11xf32>" in calls[0]
+
+
+def test_the_gradients_take_the_max_seqlen_hints(monkeypatch):
+    """The reference's VJP behind the kernel forward computes per sequence when given the hints, as the reference
+    path does: they must reach it (else it evaluates all Tq x Tk pairs)."""
+    seen = []
+    real = reference.attention_varlen
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs.get("max_seqlen_q"), kwargs.get("max_seqlen_k")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(varlen_kernel.reference, "attention_varlen", recording)
+    q, k, v, sinks = _inputs(3)
+    fn = lambda q: varlen_kernel.attention(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K), None, None, sinks,
+                                           max_seqlen_q=7, max_seqlen_k=8, **PARAMS)[0].sum()
+    got = jax.grad(fn)(q)
+    assert (7, 8) in seen, seen
+    want = jax.grad(lambda q: _reference(q, k, v, sinks)[0].sum())(q)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
