@@ -16,7 +16,8 @@ from jax import export
 
 SHAPES = ((2, 300, 8, 128), (2, 517, 2, 128), (2, 517, 2, 128), (2, 300, 8, 128))
 PARAMS = dict(softmax_scale=128 ** -0.5, softcap=0.0, window_left=-1, window_right=0, has_sinks=False)
-TARGETS = ("flashjax_fwd", "flashjax_fwd_split", "flashjax_bwd", "flashjax_bwd_deterministic")
+TARGETS = ("flashjax_fwd", "flashjax_fwd_split", "flashjax_bwd", "flashjax_bwd_deterministic", "flashjax_fwd_varlen",
+           "flashjax_bwd_varlen", "flashjax_bwd_varlen_deterministic", "flashjax_tangent")
 
 
 def export_fixture_inputs(seed=0):
