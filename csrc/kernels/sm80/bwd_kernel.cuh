@@ -3,7 +3,12 @@
 // and their sequence, the mainloop (bwd_mainloop.cuh) accumulates dK / dV over the GQA group and the band's M
 // blocks, adding dQ into the f32 workspace; the epilogue (bwd_epilogue.cuh) writes dK / dV once.
 //
-// Varlen is a runtime branch (the tile's row offsets and used lengths), not a second instantiation.
+// Varlen is a runtime branch (the tile's row offsets and used lengths, from bwd_tile_scheduler.cuh), not a second
+// instantiation. Measured (tools/check_compile.sh sm80 bwd bf16 128 128:99, before -> after the branch): sm_90a, the
+// 163 KB row, both twins 255 registers with no spills, unchanged; sm_80, the 163 KB row, uncapped unchanged (255, no
+// spills), capped spills 32 / 36 -> 4 / 4 bytes (stack 32 -> 8); sm_80, the 99 KB row, 223 -> 233 and 235 -> 246
+// registers, no spills either way (one CTA per SM, so registers below 255 cost no occupancy). A compile-time variant
+// (twice the kernels) stays the fallback should the H200's timings show a cost.
 #pragma once
 
 #include <cute/tensor.hpp>
