@@ -445,28 +445,50 @@ auto qkv_binding() {
       .Arg<ffi::AnyBuffer>();  // v
 }
 
-// What both backward targets bind first: q, k, v, the other required operands, the optional ones, the gradients and
-// the f32 workspace.
-auto bwd_binding() {
+// q, k, v and the backward's other required operands, which every backward target binds first.
+auto bwd_operands() {
   return qkv_binding()
       .Arg<ffi::AnyBuffer>()          // o
       .Arg<ffi::Buffer<ffi::F32>>()   // lse
-      .Arg<ffi::AnyBuffer>()          // dout
-      .RemainingArgs()                // dlse, sinks (see OptionalOperands)
-      .Ret<ffi::AnyBuffer>()          // dq
-      .Ret<ffi::AnyBuffer>()          // dk
-      .Ret<ffi::AnyBuffer>()          // dv
-      .Ret<ffi::Buffer<ffi::F32>>()   // dsinks [Hq]
-      .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dq_accum
-      .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dpsum
-      .Ret<ffi::Buffer<ffi::F32>>();  // workspace: lse_log2
+      .Arg<ffi::AnyBuffer>();         // dout
 }
+
+// After a backward target's required operands: the optional ones, the gradients and the f32 workspace.
+template <typename Binding>
+auto with_bwd_results(Binding binding) {
+  return std::move(binding)
+      .RemainingArgs()                         // optional operands (see OptionalOperands)
+      .template Ret<ffi::AnyBuffer>()          // dq
+      .template Ret<ffi::AnyBuffer>()          // dk
+      .template Ret<ffi::AnyBuffer>()          // dv
+      .template Ret<ffi::Buffer<ffi::F32>>()   // dsinks [Hq]
+      .template Ret<ffi::Buffer<ffi::F32>>()   // workspace: dq_accum
+      .template Ret<ffi::Buffer<ffi::F32>>()   // workspace: dpsum
+      .template Ret<ffi::Buffer<ffi::F32>>();  // workspace: lse_log2
+}
+
+// What both dense backward targets bind first: the operands (optional: dlse, sinks), the gradients, the workspace.
+auto bwd_binding() { return with_bwd_results(bwd_operands()); }
 
 // The attributes both backward targets bind after their results (in name order, as XLA passes them).
 template <typename Binding>
 auto with_bwd_attrs(Binding binding) {
   return std::move(binding)
       .template Attr<bool>("has_dlse")
+      .template Attr<bool>("has_sinks")
+      .template Attr<float>("softcap")
+      .template Attr<float>("softmax_scale")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right");
+}
+
+// The attributes both varlen targets bind after their results and any of their own that sort first (has_dlse), in
+// name order.
+template <typename Binding>
+auto with_varlen_attrs(Binding binding) {
+  return std::move(binding)
+      .template Attr<bool>("has_seqused_k")
+      .template Attr<bool>("has_seqused_q")
       .template Attr<bool>("has_sinks")
       .template Attr<float>("softcap")
       .template Attr<float>("softmax_scale")
@@ -510,47 +532,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen, flashjax::fwd_varlen_impl,
-                              flashjax::qkv_binding()
+                              flashjax::with_varlen_attrs(flashjax::qkv_binding()
                                   .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
                                   .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks [Hq] f32
                                   .Ret<ffi::AnyBuffer>()          // o [Tq, Hq, D]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [Hq, Tq]
-                                  .Attr<bool>("has_seqused_k")
-                                  .Attr<bool>("has_seqused_q")
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                                  .Ret<ffi::Buffer<ffi::F32>>()),  // lse [Hq, Tq]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl, flashjax::with_bwd_attrs(flashjax::bwd_binding()),
                               {ffi::Traits::kCmdBufferCompatible});
 
+// Optional operands: seqused_q, seqused_k [N] int32, dlse [Hq, Tq], sinks [Hq]; workspace [Hq, rows(, D)].
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_varlen, flashjax::bwd_varlen_impl,
-                              flashjax::qkv_binding()
-                                  .Arg<ffi::AnyBuffer>()          // o [Tq, Hq, D]
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // lse [Hq, Tq]
-                                  .Arg<ffi::AnyBuffer>()          // dout [Tq, Hq, D]
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
-                                  .RemainingArgs()                // seqused_q, seqused_k [N] int32; dlse, sinks
-                                  .Ret<ffi::AnyBuffer>()          // dq
-                                  .Ret<ffi::AnyBuffer>()          // dk
-                                  .Ret<ffi::AnyBuffer>()          // dv
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // dsinks [Hq]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dq_accum [Hq, rows, D]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dpsum [Hq, rows]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // workspace: lse_log2 [Hq, rows]
-                                  .Attr<bool>("has_dlse")
-                                  .Attr<bool>("has_seqused_k")
-                                  .Attr<bool>("has_seqused_q")
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                              flashjax::with_varlen_attrs(
+                                  flashjax::with_bwd_results(flashjax::bwd_operands()
+                                                                 .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_q
+                                                                 .Arg<ffi::Buffer<ffi::S32>>())   // cu_seqlens_k
+                                      .Attr<bool>("has_dlse")),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_deterministic, flashjax::bwd_deterministic_impl,

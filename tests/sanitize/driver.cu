@@ -261,48 +261,132 @@ cudaError_t launch(const KernelEntry& entry, const Params& params, cudaStream_t 
   return reinterpret_cast<LaunchFn>(entry.launch)(params, stream);
 }
 
+// The problem's fields as the FFI handlers fill them (fill_shape; fill_varlen_shape with batch 1), strides included.
+FwdParams problem_params(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k, int D, DType dtype,
+                         float softcap, int window_left, int window_right) {
+  FwdParams fp;
+  fp.batch = batch;
+  fp.seqlen_q = seqlen_q;
+  fp.seqlen_k = seqlen_k;
+  fp.heads_q = heads_q;
+  fp.heads_k = heads_k;
+  fp.head_dim = D;
+  fp.dtype = dtype;
+  flashjax::set_contiguous_strides(fp);
+  fp.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  fp.softcap = softcap;
+  fp.window_left = window_left;
+  fp.window_right = window_right;
+  return fp;
+}
+
+// Element counts of q / o, k / v and lse.
+struct Sizes {
+  int64_t q, k, lse;
+};
+
+Sizes sizes_of(const FwdParams& fp) {
+  return {int64_t(fp.batch) * fp.seqlen_q * fp.heads_q * fp.head_dim,
+          int64_t(fp.batch) * fp.seqlen_k * fp.heads_k * fp.head_dim, int64_t(fp.batch) * fp.heads_q * fp.seqlen_q};
+}
+
+template <typename Params>
+void launch_and_wait(const KernelEntry& entry, const Params& params, cudaStream_t stream, const char* pass) {
+  CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
+  if (const cudaError_t err = launch(entry, params, stream); err != cudaSuccess) {
+    throw Failure{std::string(pass) + " launch: " + cudaGetErrorString(err)};
+  }
+  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    throw Failure{std::string(pass) + ": " + cudaGetErrorString(err)};
+  }
+}
+
+// The forward: q, k, v (and sinks) random, o and lse poisoned, the family's choices as the handler writes them from
+// the plan (num_splits: the count a lowering fixed), launched and waited for. fp's shape (and split workspace) set.
+void run_forward(Arena& arena, FwdParams& fp, const KernelEntry& kernel, bool has_sinks, int num_splits,
+                 uint64_t seed, cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
+  void* q = alloc_element(arena, n.q);
+  void* k = alloc_element(arena, n.k);
+  void* v = alloc_element(arena, n.k);
+  float* sinks = has_sinks ? arena.alloc<float>(fp.heads_q) : nullptr;
+  fill_element(q, n.q, fp.dtype, seed + 1);
+  fill_element(k, n.k, fp.dtype, seed + 2);
+  fill_element(v, n.k, fp.dtype, seed + 3);
+  if (sinks != nullptr) fill(sinks, fp.heads_q, seed + 4);
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.sinks = sinks;
+  fp.o = alloc_element(arena, n.q);
+  fp.lse = arena.alloc<float>(n.lse);
+  poison(fp.o, 2 * n.q);
+  poison(fp.lse, 4 * n.lse);
+  flashjax::ChoiceQuery query;
+  query.num_splits = num_splits;
+  const flashjax::FamilyChoices choices = kernel.choices(fp, query);
+  fp.tile_class = choices.tile_class;
+  fp.pack_group = choices.pack_group;
+  fp.num_splits = choices.num_splits;
+  launch_and_wait(kernel, fp, stream, "forward");
+}
+
+// The backward after run_forward: its fields as the handlers fill them, dout (and dlse) random, the gradients and the
+// workspace of `workspace`'s sizes (as Python sizes it) poisoned, launched and waited for. semaphores: the
+// deterministic backward's counters (0: none).
+BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& kernel,
+                       const flashjax::BwdWorkspaceLayout& workspace, bool has_dlse, int64_t semaphores,
+                       uint64_t seed, cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
+  BwdParams bp;
+  static_cast<flashjax::AttnShape&>(bp) = fp;
+  bp.q = fp.q;
+  bp.k = fp.k;
+  bp.v = fp.v;
+  bp.o = fp.o;
+  bp.lse = fp.lse;
+  bp.sinks = fp.sinks;
+  void* dout = alloc_element(arena, n.q);
+  float* dlse = has_dlse ? arena.alloc<float>(n.lse) : nullptr;
+  fill_element(dout, n.q, fp.dtype, seed + 5);
+  if (dlse != nullptr) fill(dlse, n.lse, seed + 6);
+  bp.dout = dout;
+  bp.dlse = dlse;
+  bp.dq = alloc_element(arena, n.q);
+  bp.dk = alloc_element(arena, n.k);
+  bp.dv = alloc_element(arena, n.k);
+  bp.dsinks = fp.sinks != nullptr ? arena.alloc<float>(fp.heads_q) : nullptr;
+  bp.dq_accum = arena.alloc<float>(workspace.dq_accum);
+  bp.dpsum = arena.alloc<float>(workspace.per_row);
+  bp.lse_log2 = arena.alloc<float>(workspace.per_row);
+  poison(bp.dq, 2 * n.q);
+  poison(bp.dk, 2 * n.k);
+  poison(bp.dv, 2 * n.k);
+  if (bp.dsinks != nullptr) poison(bp.dsinks, 4 * fp.heads_q);
+  poison(bp.dq_accum, 4 * workspace.dq_accum);
+  poison(bp.dpsum, 4 * workspace.per_row);
+  poison(bp.lse_log2, 4 * workspace.per_row);
+  flashjax::set_gradient_strides(bp);
+  bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
+  bp.deterministic = semaphores > 0;
+  if (bp.deterministic) {
+    bp.dq_semaphore = arena.alloc<int32_t>(semaphores);
+    poison(bp.dq_semaphore, 4 * semaphores);  // the launcher zeroes them
+  }
+  launch_and_wait(kernel, bp, stream, "backward");
+  return bp;
+}
+
 void run_config(int index, const Config& c, const Variant& variant, cudaStream_t stream) {
   const int D = variant.head_dim;
   const DType dtype = variant.dtype;
   const uint64_t seed = 0x5A17u + 1000u * static_cast<uint64_t>(index);
   Arena arena;
 
-  // ---- forward: the fields fill_shape in csrc/ffi/attention_ffi.cpp sets, the same strides.
-  FwdParams fp;
-  fp.batch = c.batch;
-  fp.seqlen_q = c.seqlen_q;
-  fp.seqlen_k = c.seqlen_k;
-  fp.heads_q = c.heads_q;
-  fp.heads_k = c.heads_k;
-  fp.head_dim = D;
-  fp.dtype = dtype;
-  flashjax::set_contiguous_strides(fp);
-  fp.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
-  fp.softcap = c.softcap;
-  fp.window_left = c.window_left;
-  fp.window_right = c.window_right;
-
-  const int64_t n_q = int64_t(c.batch) * c.seqlen_q * c.heads_q * D;
-  const int64_t n_k = int64_t(c.batch) * c.seqlen_k * c.heads_k * D;
-  const int64_t n_lse = int64_t(c.batch) * c.heads_q * c.seqlen_q;
-  void* q = alloc_element(arena, n_q);
-  void* k = alloc_element(arena, n_k);
-  void* v = alloc_element(arena, n_k);
-  void* o = alloc_element(arena, n_q);
-  float* lse = arena.alloc<float>(n_lse);
-  float* sinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  fill_element(q, n_q, dtype, seed + 1);
-  fill_element(k, n_k, dtype, seed + 2);
-  fill_element(v, n_k, dtype, seed + 3);
-  if (sinks != nullptr) fill(sinks, c.heads_q, seed + 4);
-  poison(o, 2 * n_q);
-  poison(lse, 4 * n_lse);
-  fp.q = q;
-  fp.k = k;
-  fp.v = v;
-  fp.sinks = sinks;
-  fp.o = o;
-  fp.lse = lse;
+  FwdParams fp = problem_params(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_k, D, dtype, c.softcap,
+                                c.window_left, c.window_right);
+  const Sizes sizes = sizes_of(fp);
+  const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
   if (c.num_splits > 1) {  // the workspace as Python sizes it, poisoned: the combine must read only what parts wrote
     const flashjax::FwdSplitWorkspaceLayout split =
         flashjax::fwd_split_workspace_layout(c.batch, c.num_splits, c.heads_q, c.seqlen_q, D);
@@ -311,73 +395,12 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
     poison(fp.o_partial, 4 * split.o_partial);
     poison(fp.lse_partial, 4 * split.lse_partial);
   }
-  // The family's choices for this call, as the FFI handler writes them from the plan (the split count is the
-  // config's, as a lowering fixes it).
-  flashjax::ChoiceQuery query;
-  query.num_splits = c.num_splits;
-  const flashjax::FamilyChoices choices = variant.fwd->choices(fp, query);
-  fp.tile_class = choices.tile_class;
-  fp.pack_group = choices.pack_group;
-  fp.num_splits = choices.num_splits;
-  CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
-  if (const cudaError_t err = launch(*variant.fwd, fp, stream); err != cudaSuccess) {
-    throw Failure{std::string("forward launch: ") + cudaGetErrorString(err)};
-  }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("forward: ") + cudaGetErrorString(err)};
-  }
-
-  // ---- backward: bwd_impl's fields; the workspace sized by bwd_workspace_layout, as Python sizes it.
-  BwdParams bp;
-  static_cast<flashjax::AttnShape&>(bp) = fp;
-  const flashjax::BwdWorkspaceLayout workspace = flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D);
-  void* dout = alloc_element(arena, n_q);
-  float* dlse = c.dlse ? arena.alloc<float>(n_lse) : nullptr;
-  void* dq = alloc_element(arena, n_q);
-  void* dk = alloc_element(arena, n_k);
-  void* dv = alloc_element(arena, n_k);
-  float* dsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  float* dq_accum = arena.alloc<float>(workspace.dq_accum);
-  float* dpsum = arena.alloc<float>(workspace.per_row);
-  float* lse_log2 = arena.alloc<float>(workspace.per_row);
-  const int64_t n_semaphores = c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0;
-  int32_t* dq_semaphore = c.deterministic ? arena.alloc<int32_t>(n_semaphores) : nullptr;
-  if (dq_semaphore != nullptr) poison(dq_semaphore, 4 * n_semaphores);  // the launcher zeroes them
-  fill_element(dout, n_q, dtype, seed + 5);
-  if (dlse != nullptr) fill(dlse, n_lse, seed + 6);
-  poison(dq, 2 * n_q);
-  poison(dk, 2 * n_k);
-  poison(dv, 2 * n_k);
-  if (dsinks != nullptr) poison(dsinks, 4 * c.heads_q);
-  poison(dq_accum, 4 * workspace.dq_accum);
-  poison(dpsum, 4 * workspace.per_row);
-  poison(lse_log2, 4 * workspace.per_row);
-  bp.q = q;
-  bp.k = k;
-  bp.v = v;
-  bp.o = o;
-  bp.lse = lse;
-  bp.dout = dout;
-  bp.dlse = dlse;
-  bp.sinks = sinks;
-  bp.dq = dq;
-  bp.dk = dk;
-  bp.dv = dv;
-  bp.dsinks = dsinks;
-  flashjax::set_gradient_strides(bp);
-  bp.dq_accum = dq_accum;
-  bp.dpsum = dpsum;
-  bp.lse_log2 = lse_log2;
-  bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
-  bp.deterministic = c.deterministic;
-  bp.dq_semaphore = dq_semaphore;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (const cudaError_t err = launch(*variant.bwd, bp, stream); err != cudaSuccess) {
-    throw Failure{std::string("backward launch: ") + cudaGetErrorString(err)};
-  }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("backward: ") + cudaGetErrorString(err)};
-  }
+  run_forward(arena, fp, *variant.fwd, c.sinks, c.num_splits, seed, stream);
+  const BwdParams bp = run_backward(
+      arena, fp, *variant.bwd, flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D), c.dlse,
+      c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0, seed, stream);
+  const void *q = fp.q, *k = fp.k, *v = fp.v, *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
+  const float *lse = fp.lse, *sinks = fp.sinks, *dsinks = bp.dsinks;
 
   // ---- checks
   const std::vector<float> hq = elements_to_host(q, n_q, dtype), hk = elements_to_host(k, n_k, dtype),
@@ -537,107 +560,27 @@ std::vector<bool> unused_rows(const std::vector<int32_t>& cu, const std::vector<
 
 void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant, cudaStream_t stream) {
   const int D = variant.head_dim;
-  const DType dtype = variant.dtype;
   const uint64_t seed = 0x7A11u + 1000u * static_cast<uint64_t>(index);
   const int n = static_cast<int>(c.cu_q.size()) - 1;
   Arena arena;
 
-  // ---- forward: fill_varlen_shape's fields (one batch of Tq / Tk rows, lse [Hq, Tq]).
-  FwdParams fp;
-  fp.batch = 1;
-  fp.seqlen_q = c.total_q;
-  fp.seqlen_k = c.total_k;
-  fp.heads_q = c.heads_q;
-  fp.heads_k = c.heads_k;
-  fp.head_dim = D;
-  fp.dtype = dtype;
-  flashjax::set_contiguous_strides(fp);
+  // One batch of Tq / Tk rows, lse [Hq, Tq], the offsets on the device (fill_varlen_shape's fields).
+  FwdParams fp = problem_params(1, c.total_q, c.total_k, c.heads_q, c.heads_k, D, variant.dtype, c.softcap,
+                                c.window_left, c.window_right);
   fp.lse_batch_stride = 0;
-  fp.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
-  fp.softcap = c.softcap;
-  fp.window_left = c.window_left;
-  fp.window_right = c.window_right;
   fp.num_seqs = n;
   fp.cu_seqlens_q = upload(arena, c.cu_q);
   fp.cu_seqlens_k = upload(arena, c.cu_k);
   fp.seqused_q = fp.seqused_k = c.used.empty() ? nullptr : upload(arena, c.used);
-
-  const int64_t n_q = int64_t(c.total_q) * c.heads_q * D, n_k = int64_t(c.total_k) * c.heads_k * D;
-  const int64_t n_lse = int64_t(c.heads_q) * c.total_q;
-  void* q = alloc_element(arena, n_q);
-  void* k = alloc_element(arena, n_k);
-  void* v = alloc_element(arena, n_k);
-  void* o = alloc_element(arena, n_q);
-  float* lse = arena.alloc<float>(n_lse);
-  float* sinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  fill_element(q, n_q, dtype, seed + 1);
-  fill_element(k, n_k, dtype, seed + 2);
-  fill_element(v, n_k, dtype, seed + 3);
-  if (sinks != nullptr) fill(sinks, c.heads_q, seed + 4);
-  poison(o, 2 * n_q);
-  poison(lse, 4 * n_lse);
-  fp.q = q;
-  fp.k = k;
-  fp.v = v;
-  fp.sinks = sinks;
-  fp.o = o;
-  fp.lse = lse;
-  const flashjax::FamilyChoices choices = variant.fwd->choices(fp, flashjax::ChoiceQuery{});
-  fp.tile_class = choices.tile_class;
-  fp.pack_group = choices.pack_group;
-  fp.num_splits = choices.num_splits;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (const cudaError_t err = launch(*variant.fwd, fp, stream); err != cudaSuccess) {
-    throw Failure{std::string("forward launch: ") + cudaGetErrorString(err)};
-  }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("forward: ") + cudaGetErrorString(err)};
-  }
-
-  // ---- backward: bwd_varlen_impl's fields, the workspace one poisoned slab per query head.
-  BwdParams bp;
-  static_cast<flashjax::AttnShape&>(bp) = fp;
-  const flashjax::BwdWorkspaceLayout workspace =
-      flashjax::bwd_varlen_workspace_layout(c.total_q, n, c.heads_q, D);
-  void* dout = alloc_element(arena, n_q);
-  float* dlse = c.dlse ? arena.alloc<float>(n_lse) : nullptr;
-  void* dq = alloc_element(arena, n_q);
-  void* dk = alloc_element(arena, n_k);
-  void* dv = alloc_element(arena, n_k);
-  float* dsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  bp.dq_accum = arena.alloc<float>(workspace.dq_accum);
-  bp.dpsum = arena.alloc<float>(workspace.per_row);
-  bp.lse_log2 = arena.alloc<float>(workspace.per_row);
-  fill_element(dout, n_q, dtype, seed + 5);
-  if (dlse != nullptr) fill(dlse, n_lse, seed + 6);
-  poison(dq, 2 * n_q);
-  poison(dk, 2 * n_k);
-  poison(dv, 2 * n_k);
-  if (dsinks != nullptr) poison(dsinks, 4 * c.heads_q);
-  poison(bp.dq_accum, 4 * workspace.dq_accum);
-  poison(bp.dpsum, 4 * workspace.per_row);
-  poison(bp.lse_log2, 4 * workspace.per_row);
-  bp.q = q;
-  bp.k = k;
-  bp.v = v;
-  bp.o = o;
-  bp.lse = lse;
-  bp.dout = dout;
-  bp.dlse = dlse;
-  bp.sinks = sinks;
-  bp.dq = dq;
-  bp.dk = dk;
-  bp.dv = dv;
-  bp.dsinks = dsinks;
-  flashjax::set_gradient_strides(bp);
-  bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (const cudaError_t err = launch(*variant.bwd, bp, stream); err != cudaSuccess) {
-    throw Failure{std::string("backward launch: ") + cudaGetErrorString(err)};
-  }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("backward: ") + cudaGetErrorString(err)};
-  }
+  run_forward(arena, fp, *variant.fwd, c.sinks, 1, seed, stream);
+  const BwdParams bp = run_backward(arena, fp, *variant.bwd,
+                                    flashjax::bwd_varlen_workspace_layout(c.total_q, n, c.heads_q, D), c.dlse,
+                                    /*semaphores=*/0, seed, stream);
+  const DType dtype = variant.dtype;
+  const Sizes sizes = sizes_of(fp);
+  const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
+  const void *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
+  const float *lse = fp.lse, *dsinks = bp.dsinks;
 
   // ---- checks: finite everywhere (lse may be -inf: rows that see no key), zeros where no sequence is.
   const std::vector<float> ho = elements_to_host(o, n_q, dtype), hdq = elements_to_host(dq, n_q, dtype),
