@@ -26,7 +26,6 @@ struct BwdRowPassShape {
   static constexpr int kRowsPerBlock = kThreads / kThreadsPerRow;
   static constexpr int kVec = 4;  // elements per 8-byte access: every compiled head dim is a multiple of 32
   static_assert(kBwdSeqlenQRounding % kRowsPerBlock == 0, "blocks must tile the workspace's row padding");
-  static_assert(kBwdVarlenRowBlock % kRowsPerBlock == 0, "a block's rows lie in one varlen unit");
 };
 
 // Grid: (seqlen_q_rounded / kRowsPerBlock, heads_q, batch); varlen batch 1, the slab rows of bwd_varlen_rows.
