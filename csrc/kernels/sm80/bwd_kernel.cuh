@@ -7,8 +7,11 @@
 // instantiation. Measured (tools/check_compile.sh sm80 bwd bf16 128 128:99, before -> after the branch): sm_90a, the
 // 163 KB row, both twins 255 registers with no spills, unchanged; sm_80, the 163 KB row, uncapped unchanged (255, no
 // spills), capped spills 32 / 36 -> 4 / 4 bytes (stack 32 -> 8); sm_80, the 99 KB row, 223 -> 233 and 235 -> 246
-// registers, no spills either way (one CTA per SM, so registers below 255 cost no occupancy). A compile-time variant
-// (twice the kernels) stays the fallback should the H200's timings show a cost.
+// registers, no spills either way (one CTA per SM, so registers below 255 cost no occupancy); sm_80, D 64, unchanged
+// (255, no spills); sm_80, D 256's 99 KB row (V in registers), the uncapped twin spills 8 / 8 bytes (0 before), the
+// capped one unchanged (no spills). Deriving the tile again for the epilogue, instead of keeping it live across the
+// mainloop, spilled more (32 / 24 bytes at D 256 99 KB, 32 / 32 at D 128 capped). A compile-time variant (twice the
+// kernels) stays the fallback should the H200's timings show a cost.
 #pragma once
 
 #include <cute/tensor.hpp>
