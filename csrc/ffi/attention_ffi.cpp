@@ -300,7 +300,45 @@ ffi::Error fwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   return launch(plan, p, stream);
 }
 
-// Both backward targets. dq_semaphore: the deterministic target's counters (nullptr: the plain target, any order).
+// What every backward target shares once the shape is filled and the pass planned: the workspace checked against
+// its layout, the operands (the optional dlse and sinks next in `slots`), the gradients, the launch.
+ffi::Error launch_backward(cudaStream_t stream, BwdParams& p, const PassPlan& plan,
+                           const BwdWorkspaceLayout& workspace, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
+                           ffi::AnyBuffer dout, OptionalOperands& slots, ffi::Result<ffi::AnyBuffer>& dq,
+                           ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv,
+                           ffi::Result<ffi::Buffer<ffi::F32>>& dsinks, ffi::Result<ffi::Buffer<ffi::F32>>& dq_accum,
+                           ffi::Result<ffi::Buffer<ffi::F32>>& dpsum, ffi::Result<ffi::Buffer<ffi::F32>>& lse_log2,
+                           bool has_dlse, bool has_sinks) {
+  if (dq_accum->element_count() < static_cast<size_t>(workspace.dq_accum) ||
+      dpsum->element_count() < static_cast<size_t>(workspace.per_row) ||
+      lse_log2->element_count() < static_cast<size_t>(workspace.per_row)) {
+    return invalid("backward workspace is smaller than the problem needs");
+  }
+  p.o = o.untyped_data();
+  p.lse = lse.typed_data();
+  p.dout = dout.untyped_data();
+  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
+  if (auto err = slots.take(has_dlse, rows, "dlse", p.dlse); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
+  p.dq = dq->untyped_data();
+  p.dk = dk->untyped_data();
+  p.dv = dv->untyped_data();
+  p.dsinks = has_sinks ? dsinks->typed_data() : nullptr;
+  set_gradient_strides(p);
+  p.dq_accum = dq_accum->typed_data();
+  p.dpsum = dpsum->typed_data();
+  p.lse_log2 = lse_log2->typed_data();
+  p.seqlen_q_rounded = workspace.seqlen_q_rounded;
+  if (!has_sinks && dsinks->element_count() > 0) {
+    // Keep the unused output defined: XLA may hand it to other ops.
+    cudaMemsetAsync(dsinks->typed_data(), 0, dsinks->size_bytes(), stream);
+  }
+  return launch(plan, p, stream);
+}
+
+// Both dense backward targets. dq_semaphore: the deterministic target's counters (nullptr: the plain target, any
+// order).
 ffi::Error run_backward(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                         ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
                         const ffi::RemainingArgs& optional, ffi::Result<ffi::AnyBuffer>& dq,
@@ -323,37 +361,12 @@ ffi::Error run_backward(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, 
     }
     p.dq_semaphore = (*dq_semaphore)->typed_data();
   }
-  const BwdWorkspaceLayout workspace = bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim);
-  if (dq_accum->element_count() < static_cast<size_t>(workspace.dq_accum) ||
-      dpsum->element_count() < static_cast<size_t>(workspace.per_row) ||
-      lse_log2->element_count() < static_cast<size_t>(workspace.per_row)) {
-    return invalid("backward workspace is smaller than the problem needs");
-  }
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
-  p.o = o.untyped_data();
-  p.lse = lse.typed_data();
-  p.dout = dout.untyped_data();
-  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
   OptionalOperands slots(optional, 2);
-  if (auto err = slots.take(has_dlse, rows, "dlse", p.dlse); err.failure()) return err;
-  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = slots.finish(); err.failure()) return err;
-  p.dq = dq->untyped_data();
-  p.dk = dk->untyped_data();
-  p.dv = dv->untyped_data();
-  p.dsinks = has_sinks ? dsinks->typed_data() : nullptr;
-  set_gradient_strides(p);
-  p.dq_accum = dq_accum->typed_data();
-  p.dpsum = dpsum->typed_data();
-  p.lse_log2 = lse_log2->typed_data();
-  p.seqlen_q_rounded = workspace.seqlen_q_rounded;
-  if (!has_sinks && dsinks->element_count() > 0) {
-    // Keep the unused output defined: XLA may hand it to other ops.
-    cudaMemsetAsync(dsinks->typed_data(), 0, dsinks->size_bytes(), stream);
-  }
-  return launch(plan, p, stream);
+  return launch_backward(stream, p, plan, bwd_workspace_layout(p.batch, p.heads_q, p.seqlen_q, p.head_dim), o, lse,
+                         dout, slots, dq, dk, dv, dsinks, dq_accum, dpsum, lse_log2, has_dlse, has_sinks);
 }
 
 ffi::Error bwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -382,6 +395,46 @@ ffi::Error bwd_deterministic_impl(cudaStream_t stream, int32_t ordinal, ffi::Any
                       &dq_semaphore, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right);
 }
 
+// The varlen backward: q, k, v, o, lse [Hq, Tq], dout, the offsets, then the optional seqused_q, seqused_k ([N]
+// int32), dlse ([Hq, Tq]) and sinks ([Hq]) as their flags say; the gradients and the workspace of
+// bwd_varlen_workspace_layout (one slab per query head, rows placed per sequence).
+ffi::Error bwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
+                           ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                           ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_seqused_k,
+                           bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale,
+                           int32_t window_left, int32_t window_right) {
+  BwdParams p;
+  if (auto err = fill_varlen_shape(p, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, softcap, window_left,
+                                   window_right);
+      err.failure()) {
+    return err;
+  }
+  if (o.element_count() != q.element_count() || dout.element_count() != q.element_count() ||
+      lse.element_count() != size_t(p.heads_q) * p.seqlen_q) {
+    return invalid("varlen o and dout must be shaped like q and lse [Hq, Tq]");
+  }
+  const PassPlan plan = plan_for(ordinal, Direction::kBwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  if (plan.kernel == nullptr) return launch(plan, p, stream);
+  const BwdWorkspaceLayout workspace = bwd_varlen_workspace_layout(p.seqlen_q, p.num_seqs, p.heads_q, p.head_dim);
+  if (workspace.seqlen_q_rounded == 0 && p.num_seqs > 0) {
+    return invalid("varlen backward: Tq + N * " + std::to_string(kBwdVarlenRowBlock) +
+                   " workspace rows exceed int32");
+  }
+  OptionalOperands slots(optional, 4);
+  const size_t n = static_cast<size_t>(p.num_seqs);
+  if (auto err = slots.take<ffi::S32>(has_seqused_q, n, "seqused_q", p.seqused_q); err.failure()) return err;
+  if (auto err = slots.take<ffi::S32>(has_seqused_k, n, "seqused_k", p.seqused_k); err.failure()) return err;
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  return launch_backward(stream, p, plan, workspace, o, lse, dout, slots, dq, dk, dv, dsinks, dq_accum, dpsum,
+                         lse_log2, has_dlse, has_sinks);
+}
+
 // What every target binds first: the stream, the device and q, k, v.
 auto qkv_binding() {
   return ffi::Ffi::Bind()
@@ -392,28 +445,50 @@ auto qkv_binding() {
       .Arg<ffi::AnyBuffer>();  // v
 }
 
-// What both backward targets bind first: q, k, v, the other required operands, the optional ones, the gradients and
-// the f32 workspace.
-auto bwd_binding() {
+// q, k, v and the backward's other required operands, which every backward target binds first.
+auto bwd_operands() {
   return qkv_binding()
       .Arg<ffi::AnyBuffer>()          // o
       .Arg<ffi::Buffer<ffi::F32>>()   // lse
-      .Arg<ffi::AnyBuffer>()          // dout
-      .RemainingArgs()                // dlse, sinks (see OptionalOperands)
-      .Ret<ffi::AnyBuffer>()          // dq
-      .Ret<ffi::AnyBuffer>()          // dk
-      .Ret<ffi::AnyBuffer>()          // dv
-      .Ret<ffi::Buffer<ffi::F32>>()   // dsinks [Hq]
-      .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dq_accum
-      .Ret<ffi::Buffer<ffi::F32>>()   // workspace: dpsum
-      .Ret<ffi::Buffer<ffi::F32>>();  // workspace: lse_log2
+      .Arg<ffi::AnyBuffer>();         // dout
 }
+
+// After a backward target's required operands: the optional ones, the gradients and the f32 workspace.
+template <typename Binding>
+auto with_bwd_results(Binding binding) {
+  return std::move(binding)
+      .RemainingArgs()                         // optional operands (see OptionalOperands)
+      .template Ret<ffi::AnyBuffer>()          // dq
+      .template Ret<ffi::AnyBuffer>()          // dk
+      .template Ret<ffi::AnyBuffer>()          // dv
+      .template Ret<ffi::Buffer<ffi::F32>>()   // dsinks [Hq]
+      .template Ret<ffi::Buffer<ffi::F32>>()   // workspace: dq_accum
+      .template Ret<ffi::Buffer<ffi::F32>>()   // workspace: dpsum
+      .template Ret<ffi::Buffer<ffi::F32>>();  // workspace: lse_log2
+}
+
+// What both dense backward targets bind first: the operands (optional: dlse, sinks), the gradients, the workspace.
+auto bwd_binding() { return with_bwd_results(bwd_operands()); }
 
 // The attributes both backward targets bind after their results (in name order, as XLA passes them).
 template <typename Binding>
 auto with_bwd_attrs(Binding binding) {
   return std::move(binding)
       .template Attr<bool>("has_dlse")
+      .template Attr<bool>("has_sinks")
+      .template Attr<float>("softcap")
+      .template Attr<float>("softmax_scale")
+      .template Attr<int32_t>("window_left")
+      .template Attr<int32_t>("window_right");
+}
+
+// The attributes both varlen targets bind after their results and any of their own that sort first (has_dlse), in
+// name order.
+template <typename Binding>
+auto with_varlen_attrs(Binding binding) {
+  return std::move(binding)
+      .template Attr<bool>("has_seqused_k")
+      .template Attr<bool>("has_seqused_q")
       .template Attr<bool>("has_sinks")
       .template Attr<float>("softcap")
       .template Attr<float>("softmax_scale")
@@ -457,22 +532,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen, flashjax::fwd_varlen_impl,
-                              flashjax::qkv_binding()
+                              flashjax::with_varlen_attrs(flashjax::qkv_binding()
                                   .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
                                   .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
                                   .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks [Hq] f32
                                   .Ret<ffi::AnyBuffer>()          // o [Tq, Hq, D]
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [Hq, Tq]
-                                  .Attr<bool>("has_seqused_k")
-                                  .Attr<bool>("has_seqused_q")
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                                  .Ret<ffi::Buffer<ffi::F32>>()),  // lse [Hq, Tq]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl, flashjax::with_bwd_attrs(flashjax::bwd_binding()),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+// Optional operands: seqused_q, seqused_k [N] int32, dlse [Hq, Tq], sinks [Hq]; workspace [Hq, rows(, D)].
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_varlen, flashjax::bwd_varlen_impl,
+                              flashjax::with_varlen_attrs(
+                                  flashjax::with_bwd_results(flashjax::bwd_operands()
+                                                                 .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_q
+                                                                 .Arg<ffi::Buffer<ffi::S32>>())   // cu_seqlens_k
+                                      .Attr<bool>("has_dlse")),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_deterministic, flashjax::bwd_deterministic_impl,

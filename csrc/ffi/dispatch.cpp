@@ -94,12 +94,9 @@ std::vector<std::string> split_archs(std::string_view archs) {
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
-  // Varlen runs on the portable sm80 family on every arch (sm90 included, until its kernels take packed sequences).
+  // Varlen runs on the portable sm80 family on every arch, forward and backward (sm90 included, until its kernels
+  // take packed sequences).
   constexpr std::string_view kVarlenFamily = "sm80";
-  if (problem.varlen && problem.direction == Direction::kBwd) {
-    choice.reason = "no backward kernel implements varlen (packed) attention yet (the sm80 forward does)";
-    return choice;
-  }
   if (problem.mask_mod) {
     choice.reason = "no kernel implements mask_mod yet";
     return choice;
@@ -159,8 +156,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
-                    (problem.varlen ? " (varlen: the sm80 family on every device; varlen is not on the sm90 "
-                                      "kernels yet)"
+                    (problem.varlen ? " (varlen: the sm80 family on every device, forward and backward; varlen is "
+                                      "not on the sm90 kernels yet)"
                                     : " (the newest family this sm_" + std::to_string(device_sm) + " device runs)");
     if (too_big != nullptr && family_min_sm(too_big->family) > family_min_sm(choice.kernel->family)) {
       choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +

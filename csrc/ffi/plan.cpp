@@ -23,12 +23,19 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
   return shape;
 }
 
+// varlen: shape.batch is the sequence count N and seqlen_q the token count Tq (problem_of's convention).
 std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
-                                          bool deterministic) {
+                                          bool deterministic, bool varlen) {
   if (direction == Direction::kFwd) {
     if (num_splits <= 1) return {};
     return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
             {"lse_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q}}};
+  }
+  if (varlen) {  // one slab per query head, each sequence's rows placed by its offset (flashjax/workspace.h)
+    const int64_t rows = bwd_varlen_rows(shape.seqlen_q, shape.batch);
+    return {{"dq_accum", {shape.heads_q, rows, shape.head_dim}},
+            {"dpsum", {shape.heads_q, rows}},
+            {"lse_log2", {shape.heads_q, rows}}};
   }
   const BwdWorkspaceLayout layout = bwd_workspace_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim);
   std::vector<WorkspaceBuffer> buffers = {
@@ -132,7 +139,7 @@ PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProp
     query.explain = explain;
     pass.choices = pass.kernel->choices(shape, query);
   }
-  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic);
+  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic, problem.varlen);
   return pass;
 }
 

@@ -23,6 +23,7 @@ FWD_SPLIT_TARGET = "flashjax_fwd_split"  # the forward with split keys and its w
 BWD_TARGET = "flashjax_bwd"
 BWD_DETERMINISTIC_TARGET = "flashjax_bwd_deterministic"  # deterministic=True: with the dq ordering counters
 FWD_VARLEN_TARGET = "flashjax_fwd_varlen"  # packed sequences (varlen_kernel.py)
+BWD_VARLEN_TARGET = "flashjax_bwd_varlen"
 
 # flashjax::DType's values (csrc/include/flashjax/params.h).
 DTYPE = {"float16": 0, "bfloat16": 1}
@@ -125,7 +126,8 @@ def default_device() -> tuple[int, int] | None:
 def register_targets() -> None:
     """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""
     lib = library()
-    for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET):
+    for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
+                 BWD_VARLEN_TARGET):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
 
 

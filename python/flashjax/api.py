@@ -242,11 +242,6 @@ def choose(call: Call, *, device_sm: int | None = None):
         plan = _plan_of(call, device_sm)
         if plan["runs"]:
             return "kernel", plan["reason"], plan
-        if call.varlen and plan["fwd"]["family"] is not None and call.options.mask_mod is None:
-            # varlen_kernel.py: the forward on the kernels, its gradients from the reference's VJP until a backward
-            # kernel takes packed sequences.
-            reason = f"{plan['fwd']['reason']}; gradients on the reference ({plan['bwd']['reason']})"
-            return "kernel", reason, plan
         reason = plan["reason"]
     if options.backend == "kernel":
         raise ValueError(f"flashjax: backend='kernel' but no kernel runs this call: {reason}")
@@ -301,7 +296,7 @@ def _kernel_attention(q, k, v, sinks, options: Options, width: int):
 def _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, options: Options,
                              width: int, max_seqlen_q, max_seqlen_k):
     """Varlen call on the kernel path (varlen_kernel.py): padded as _kernel_attention pads, sinks as it treats them;
-    the max_seqlen hints serve the reference's gradients."""
+    the max_seqlen hints serve the backward's reference lowering (off CUDA)."""
     left, right = options.window
     out, lse = varlen_kernel.attention(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), cu_seqlens_q,
                                        cu_seqlens_k, seqused_q, seqused_k,

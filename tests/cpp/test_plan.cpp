@@ -119,6 +119,22 @@ TEST_F(PlanCall, TheBackwardAlwaysHasItsWorkspace) {
   EXPECT_EQ(plan.bwd.workspace[2].shape, (std::vector<int64_t>{2, 8, 384}));
 }
 
+// Varlen (batch = N sequences, seqlen_q = Tq tokens): both passes on the sm80 family, the backward's workspace one
+// slab per query head of (Tq / 64 + N) * 64 rows rounded up to 128 (flashjax/workspace.h), never N x max_seqlen.
+TEST_F(PlanCall, VarlenRunsBothPassesWithAPackedWorkspace) {
+  Problem varlen = problem();
+  varlen.varlen = true;
+  varlen.batch = 5;  // N
+  const Plan plan = plan_call(varlen, device(), table, archs);
+  ASSERT_TRUE(plan.runs()) << plan.reason;
+  EXPECT_NE(plan.bwd.reason.find("varlen"), std::string::npos) << plan.bwd.reason;
+  ASSERT_EQ(plan.bwd.workspace.size(), 3u);
+  // (300 / 64 + 5) * 64 = 576 rows, rounded up to 640.
+  EXPECT_EQ(plan.bwd.workspace[0].shape, (std::vector<int64_t>{8, 640, 128}));
+  EXPECT_EQ(plan.bwd.workspace[1].shape, (std::vector<int64_t>{8, 640}));
+  EXPECT_EQ(plan.bwd.workspace[2].shape, (std::vector<int64_t>{8, 640}));
+}
+
 TEST_F(PlanCall, AFixedSplitCountIsTheLowerings) {
   Problem p = problem();
   p.num_splits = 5;
@@ -188,9 +204,6 @@ TEST_F(PlanCall, RefusalsAreExplained) {
   EXPECT_NE(d.fwd.kernel, nullptr);  // the forward does not depend on it
   EXPECT_FALSE(d.runs());
   EXPECT_NE(d.reason.find("deterministic=True"), std::string::npos) << d.reason;
-  Problem varlen = problem();
-  varlen.varlen = true;
-  EXPECT_NE(plan_call(varlen, device(), table, archs).reason.find("varlen"), std::string::npos);
   Problem wide = problem();
   wide.head_dim = 264;
   const Plan w = plan_call(wide, device(), table, archs);

@@ -59,12 +59,18 @@ def test_the_plan_answers_with_reasons():
     info = _ffi.build_info()
     ok, reason, _ = _pass(70, "fwd", "bfloat16", 128)
     assert not ok and "no code for sm_70" in reason
-    # Varlen: the forward on the sm80 family on every device (Hopper too), the backward on no kernel yet.
-    plan = _plan(90, head_dim=128, varlen=True)
-    assert not plan["runs"] and "varlen" in plan["bwd"]["reason"] and plan["bwd"]["family"] is None, plan
-    sm80_fwd = any(k["family"] == "sm80" and k["direction"] == "fwd" and k["dtype"] == "bf16" and k["head_dim"] == 128
-                   for k in info["kernels"])
-    assert plan["fwd"]["family"] == ("sm80" if sm80_fwd else None), plan["fwd"]
+    # Varlen: both passes on the sm80 family on every device (Hopper too), its workspace one slab per query head.
+    sm = 90 if any(a.startswith("90") for a in info["cuda_archs"]) else 80  # sm80 code runs on sm_90 only as 90a
+    plan = _plan(sm, head_dim=64, varlen=True, batch=3, seqlen_q=300)
+    for direction in ("fwd", "bwd"):
+        sm80 = any(k["family"] == "sm80" and k["direction"] == direction and k["dtype"] == "bf16" and
+                   k["head_dim"] == 64 for k in info["kernels"])
+        assert plan[direction]["family"] == ("sm80" if sm80 else None), plan[direction]
+        if sm80:
+            assert "varlen" in plan[direction]["reason"] and "sm80 family" in plan[direction]["reason"], plan
+    if plan["bwd"]["family"] is not None:  # (300 / 64 + 3) * 64 = 448 rows, rounded up to 512
+        assert [b["shape"] for b in plan["bwd"]["workspace"]] == [[8, 512, 64], [8, 512], [8, 512]], plan["bwd"]
+    assert not _plan(sm, head_dim=64, varlen=True, deterministic=True)["runs"]  # the sm80 backward cannot order
     if any(a.startswith("80") for a in info["cuda_archs"]):  # the portable backward cannot order its dq atomics
         plan = _plan(80, deterministic=True)
         assert not plan["runs"] and "deterministic=True" in plan["reason"], plan["reason"]
@@ -368,3 +374,32 @@ def test_the_backward_lowers_with_the_plans_workspace(monkeypatch):
     call = [line for line in text.splitlines() if "@flashjax_bwd" in line]
     assert len(call) == 1, text
     assert "tensor<2x4x384x64xf32>, tensor<2x4x384xf32>, tensor<2x4x384xf32>" in call[0], call[0]
+
+
+def test_the_varlen_backward_lowers_with_its_workspace(monkeypatch):
+    # flashjax_bwd_varlen: q, k, v, o, lse, dout, the offsets, then only the optional operands whose flag is set
+    # (seqused_q, seqused_k, dlse, sinks); three more f32 results sized per query head for Tq tokens and N sequences.
+    if _smem("sm80", "bwd", "bf16", 64) is None:
+        pytest.skip("no sm80 backward at head dim 64 in this build")
+    monkeypatch.setattr(_ffi, "default_device", lambda: (80, 108))
+    monkeypatch.setattr(_ffi, "register_targets", lambda: None)
+    from flashjax import varlen_kernel
+    q = jax.ShapeDtypeStruct((300, 4, 64), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((200, 2, 64), jnp.bfloat16)
+    lse = jax.ShapeDtypeStruct((4, 300), jnp.float32)
+    cu, used = jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((3,), jnp.int32)
+    sinks = jax.ShapeDtypeStruct((4,), jnp.float32)
+    for has_dlse, has_seqused in ((False, False), (True, True)):
+        params = dict(softmax_scale=0.125, softcap=0.0, window_left=-1, window_right=0, has_sinks=False,
+                      has_dlse=has_dlse, has_seqused_q=has_seqused, has_seqused_k=has_seqused, max_seqlen_q=7,
+                      max_seqlen_k=None)
+        fn = jax.jit(lambda *a: varlen_kernel.bwd_varlen_p.bind(*a, **params))
+        text = fn.trace(q, k, k, q, lse, q, cu, cu, used, used, lse, sinks).lower(
+            lowering_platforms=("cuda",)).as_text()
+        call = [line for line in text.splitlines() if "@flashjax_bwd_varlen" in line]
+        assert len(call) == 1, text
+        operands = call[0].split("(", 1)[1].split(")", 1)[0].split(",")
+        assert len(operands) == 8 + 2 * has_seqused + has_dlse, call[0]
+        # (300 / 64 + 3) * 64 = 448 rows per head, rounded up to 512; no N x max_seqlen anywhere.
+        assert "tensor<4x512x64xf32>, tensor<4x512xf32>, tensor<4x512xf32>" in call[0], call[0]
+        assert "max_seqlen" not in call[0]

@@ -1,5 +1,7 @@
 """The varlen kernel path's plumbing (python/flashjax/varlen_kernel.py) without a GPU: the CUDA lowering's FFI call
-(target, operands), and off CUDA the same primitive on the reference, values and gradients."""
+(target, operands), the gradients through the bwd_varlen primitive (the lse cotangent left out when it is zero), and off
+CUDA both primitives on the reference, values and gradients. The backward's FFI call and workspace need the library's
+plan: tests/cpu/test_library.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,8 +69,8 @@ def test_cuda_lowering_calls_the_varlen_target_with_only_present_operands(monkey
 
 
 def test_the_gradients_take_the_max_seqlen_hints(monkeypatch):
-    """The reference's VJP behind the kernel forward computes per sequence when given the hints, as the reference
-    path does: they must reach it (else it evaluates all Tq x Tk pairs)."""
+    """bwd_varlen's reference lowering computes per sequence when given the hints, as the reference path does: they
+    must reach it (else it evaluates all Tq x Tk pairs)."""
     seen = []
     real = reference.attention_varlen
 
@@ -84,3 +86,62 @@ def test_the_gradients_take_the_max_seqlen_hints(monkeypatch):
     assert (7, 8) in seen, seen
     want = jax.grad(lambda q: _reference(q, k, v, sinks)[0].sum())(q)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("use_lse", [False, True])
+def test_gradients_run_the_backward_primitive_with_dlse_only_when_lse_is_used(use_lse):
+    q, k, v, sinks = _inputs(4)
+
+    def loss(q, k, v, sinks):
+        out, lse = varlen_kernel.attention(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K), None, None, sinks, **PARAMS)
+        return jnp.sum(out * out) + (jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)) if use_lse else 0.0)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3)))(q, k, v, sinks)
+    calls = [e for e in jaxpr.jaxpr.eqns if e.primitive is varlen_kernel.bwd_varlen_p]
+    assert len(calls) == 1 and calls[0].params["has_dlse"] == use_lse, calls
+    assert calls[0].params["has_sinks"]
+    got = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, sinks)
+
+    def reference_loss(q, k, v, sinks):
+        out, lse = _reference(q, k, v, sinks)
+        return jnp.sum(out * out) + (jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0)) if use_lse else 0.0)
+
+    for g, w in zip(got, jax.grad(reference_loss, argnums=(0, 1, 2, 3))(q, k, v, sinks)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seqused,has_dlse,has_sinks", [(False, False, False), (True, True, True)])
+def test_cuda_lowering_of_the_backward_calls_its_target_with_the_plans_workspace(monkeypatch, seqused, has_dlse,
+                                                                                 has_sinks):
+    """flashjax_bwd_varlen's operands in the handler's order (q, k, v, o, lse, dout, the offsets, then only the present
+    ones of seqused_q, seqused_k, dlse, sinks), the static options as attributes (not the max_seqlen hints), and the
+    workspace the library's varlen plan names as extra results (the plan is faked here: test_library.py asks the
+    real one)."""
+    monkeypatch.setattr(varlen_kernel._ffi, "register_targets", lambda: None)
+    monkeypatch.setattr(varlen_kernel._ffi, "default_device", lambda: (80, 108))
+    asked = {}
+
+    def fake_plan(**call):
+        asked.update(call)
+        rows = 128
+        return {"bwd": {"workspace": [{"name": "dq_accum", "shape": [HQ, rows, D], "dtype": "float32"},
+                                      {"name": "dpsum", "shape": [HQ, rows], "dtype": "float32"},
+                                      {"name": "lse_log2", "shape": [HQ, rows], "dtype": "float32"}]}}
+
+    monkeypatch.setattr(varlen_kernel._ffi, "plan", fake_plan)
+    q, k, v, sinks = _inputs(5, jnp.bfloat16)
+    lse = jnp.zeros((HQ, 11), jnp.float32)
+    used = jnp.zeros((3,), jnp.int32)
+    params = dict(PARAMS, has_sinks=has_sinks, has_dlse=has_dlse, has_seqused_q=seqused, has_seqused_k=seqused,
+                  max_seqlen_q=7, max_seqlen_k=8)
+    fn = lambda *a: varlen_kernel.bwd_varlen_p.bind(*a, **params)
+    text = jax.jit(fn).trace(q, k, v, q, lse, q, CU_Q, CU_K, used, used, lse, sinks).lower(
+        lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call @flashjax_" in line]
+    assert len(calls) == 1 and "@flashjax_bwd_varlen(" in calls[0], calls
+    operands = calls[0].split("(", 1)[1].split(")", 1)[0].split(",")
+    assert len(operands) == 8 + 2 * seqused + has_dlse + has_sinks
+    assert f"tensor<{HQ}x128x{D}xf32>, tensor<{HQ}x128xf32>, tensor<{HQ}x128xf32>" in calls[0], calls[0]
+    assert "max_seqlen" not in calls[0] and f"has_seqused_q = {str(seqused).lower()}" in calls[0], calls[0]
+    # The plan asked is the varlen one: N sequences, the token counts, the padded width.
+    assert asked["varlen"] and asked["batch"] == 3 and asked["seqlen_q"] == 11 and asked["seqlen_k"] == 15, asked

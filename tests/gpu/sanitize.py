@@ -1,5 +1,5 @@
 """A short kernel run through JAX for compute-sanitizer's memcheck: fixed ragged configs, forward and backward, and
-varlen forwards with well-formed and malformed offsets.
+varlen forwards and backwards with well-formed and malformed offsets.
 
 Run as: compute-sanitizer --tool memcheck --kernel-name kns=flashjax python tests/gpu/sanitize.py
 racecheck crashes on a JAX process; it and synccheck (and memcheck again) run on tests/sanitize's C++ driver,
@@ -36,15 +36,18 @@ CONFIGS = [
                  causal=True, softcap=5.0),
 ]
 
-# Varlen forwards (issue 37): (cu_seqlens_q, cu_seqlens_k, seqused or None, Tq, Tk, head_dim, causal). Well-formed
-# packings (empty and tiny sequences, q and k packed differently, decode) and malformed offsets that the kernel
-# clamps (decreasing, negative, past the end, not from zero, 2^31 - 1), run under jit where nothing checks them.
+# Varlen forward + backward (issue 37): (cu_seqlens_q, cu_seqlens_k, seqused or None, Tq, Tk, head_dim, causal).
+# Well-formed packings (empty and tiny sequences, q and k packed differently, decode, sequences over several KV
+# blocks, padding tokens) and malformed offsets that the kernels clamp (decreasing, negative, past the end, not from
+# zero, 2^31 - 1), run under jit where nothing checks them; the backward with sinks and an lse cotangent.
 VARLEN = [
     ([0, 0, 3, 130, 131], [0, 5, 5, 300, 301], None, 140, 310, 64, True),
     ([0, 1, 2, 3], [0, 700, 1000, 2900], [1, 0, 1], 3, 3000, 128, False),
     ([0, 40, 20, 90], [90, 20, 40, 0], None, 90, 120, 256, True),
     ([-50, 10, -3, 90], [17, 40, 5000, 80], [2**31 - 1, -5, 7], 90, 120, 96, False),
     ([0, 2**31 - 1, 2**31 - 1, 2**31 - 1], [0, 2**31 - 1, 2**31 - 1, 2**31 - 1], None, 90, 120, 192, True),
+    ([0, 300, 301, 700], [0, 260, 900, 901], [250, 1, 399], 750, 950, 128, True),
+    ([17, 40, 60, 80], [0, 2**31 - 1, -7, 120], [3, 2**31 - 1, 0], 90, 120, 64, False),
 ]
 
 
@@ -60,11 +63,20 @@ def run_varlen():
         q = jnp.asarray(rng.standard_normal((tq, 4, d)), jnp.bfloat16)
         k, v = (jnp.asarray(rng.standard_normal((tk, 2, d)), jnp.bfloat16) for _ in range(2))
         used = None if used is None else jnp.asarray(used, jnp.int32)
-        call = jax.jit(lambda q, k, v, a, b, u: flashjax.flash_attn_varlen(
-            q, k, v, a, b, seqused_q=u, seqused_k=u, causal=causal, return_lse=True, backend="kernel"))
-        out, lse = call(q, k, v, jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32), used)
+        d_out = jnp.asarray(rng.standard_normal((tq, 4, d)), jnp.bfloat16)
+        sinks = jnp.asarray(rng.standard_normal(4), jnp.float32)
+
+        @jax.jit
+        def call(q, k, v, sinks, a, b, u):
+            fn = lambda q, k, v, s: flashjax.flash_attn_varlen(
+                q, k, v, a, b, seqused_q=u, seqused_k=u, sinks=s, causal=causal, return_lse=True, backend="kernel")
+            (out, lse), vjp = jax.vjp(fn, q, k, v, sinks)
+            return out, lse, vjp((d_out, jnp.where(jnp.isfinite(lse), 0.5, 0.0)))
+
+        out, lse, grads = call(q, k, v, sinks, jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32), used)
         finite = bool(np.all(np.isfinite(np.asarray(out, np.float32)))) and not np.any(np.isnan(np.asarray(lse)))
-        print(f"varlen {cu_q} / {cu_k} used {used} D{d}: {'ok' if finite else 'non-finite output'}")
+        finite = finite and all(bool(np.all(np.isfinite(np.asarray(g, np.float32)))) for g in grads)
+        print(f"varlen {cu_q} / {cu_k} used {used} D{d}: {'ok' if finite else 'non-finite output or gradient'}")
         failures += not finite
     return failures
 

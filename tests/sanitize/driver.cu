@@ -2,7 +2,8 @@
 // synccheck). A JAX process under racecheck crashes the tool, and XLA's own kernels and allocator only add noise,
 // so this program has no Python or XLA in it: it links the objects libflashjax.so links, picks each kernel through
 // the library's table and dispatcher (FLASHJAX_DISABLE_FAMILIES honoured the same way), fills FwdParams/BwdParams
-// with the FFI handlers' strides and workspace sizes, and runs forward then backward on short ragged configs.
+// with the FFI handlers' strides and workspace sizes, and runs forward then backward on short ragged configs, then on
+// packed (varlen) configs with well-formed and malformed offsets.
 //
 //   flashjax_sanitize              run every config; one line each, ending in ": ok" or ": FAILED <why>"
 //   flashjax_sanitize --only N     run config N only (repeatable)
@@ -22,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,6 +106,8 @@ struct Variant {
   int head_dim;
   const KernelEntry* fwd;
   const KernelEntry* bwd;
+  const KernelEntry* varlen_fwd;  // what dispatch picks for varlen (nullptr: none)
+  const KernelEntry* varlen_bwd;
 };
 
 struct Failure {
@@ -257,48 +261,132 @@ cudaError_t launch(const KernelEntry& entry, const Params& params, cudaStream_t 
   return reinterpret_cast<LaunchFn>(entry.launch)(params, stream);
 }
 
+// The problem's fields as the FFI handlers fill them (fill_shape; fill_varlen_shape with batch 1), strides included.
+FwdParams problem_params(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k, int D, DType dtype,
+                         float softcap, int window_left, int window_right) {
+  FwdParams fp;
+  fp.batch = batch;
+  fp.seqlen_q = seqlen_q;
+  fp.seqlen_k = seqlen_k;
+  fp.heads_q = heads_q;
+  fp.heads_k = heads_k;
+  fp.head_dim = D;
+  fp.dtype = dtype;
+  flashjax::set_contiguous_strides(fp);
+  fp.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
+  fp.softcap = softcap;
+  fp.window_left = window_left;
+  fp.window_right = window_right;
+  return fp;
+}
+
+// Element counts of q / o, k / v and lse.
+struct Sizes {
+  int64_t q, k, lse;
+};
+
+Sizes sizes_of(const FwdParams& fp) {
+  return {int64_t(fp.batch) * fp.seqlen_q * fp.heads_q * fp.head_dim,
+          int64_t(fp.batch) * fp.seqlen_k * fp.heads_k * fp.head_dim, int64_t(fp.batch) * fp.heads_q * fp.seqlen_q};
+}
+
+template <typename Params>
+void launch_and_wait(const KernelEntry& entry, const Params& params, cudaStream_t stream, const char* pass) {
+  CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
+  if (const cudaError_t err = launch(entry, params, stream); err != cudaSuccess) {
+    throw Failure{std::string(pass) + " launch: " + cudaGetErrorString(err)};
+  }
+  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    throw Failure{std::string(pass) + ": " + cudaGetErrorString(err)};
+  }
+}
+
+// The forward: q, k, v (and sinks) random, o and lse poisoned, the family's choices as the handler writes them from
+// the plan (num_splits: the count a lowering fixed), launched and waited for. fp's shape (and split workspace) set.
+void run_forward(Arena& arena, FwdParams& fp, const KernelEntry& kernel, bool has_sinks, int num_splits,
+                 uint64_t seed, cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
+  void* q = alloc_element(arena, n.q);
+  void* k = alloc_element(arena, n.k);
+  void* v = alloc_element(arena, n.k);
+  float* sinks = has_sinks ? arena.alloc<float>(fp.heads_q) : nullptr;
+  fill_element(q, n.q, fp.dtype, seed + 1);
+  fill_element(k, n.k, fp.dtype, seed + 2);
+  fill_element(v, n.k, fp.dtype, seed + 3);
+  if (sinks != nullptr) fill(sinks, fp.heads_q, seed + 4);
+  fp.q = q;
+  fp.k = k;
+  fp.v = v;
+  fp.sinks = sinks;
+  fp.o = alloc_element(arena, n.q);
+  fp.lse = arena.alloc<float>(n.lse);
+  poison(fp.o, 2 * n.q);
+  poison(fp.lse, 4 * n.lse);
+  flashjax::ChoiceQuery query;
+  query.num_splits = num_splits;
+  const flashjax::FamilyChoices choices = kernel.choices(fp, query);
+  fp.tile_class = choices.tile_class;
+  fp.pack_group = choices.pack_group;
+  fp.num_splits = choices.num_splits;
+  launch_and_wait(kernel, fp, stream, "forward");
+}
+
+// The backward after run_forward: its fields as the handlers fill them, dout (and dlse) random, the gradients and the
+// workspace of `workspace`'s sizes (as Python sizes it) poisoned, launched and waited for. semaphores: the
+// deterministic backward's counters (0: none).
+BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& kernel,
+                       const flashjax::BwdWorkspaceLayout& workspace, bool has_dlse, int64_t semaphores,
+                       uint64_t seed, cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
+  BwdParams bp;
+  static_cast<flashjax::AttnShape&>(bp) = fp;
+  bp.q = fp.q;
+  bp.k = fp.k;
+  bp.v = fp.v;
+  bp.o = fp.o;
+  bp.lse = fp.lse;
+  bp.sinks = fp.sinks;
+  void* dout = alloc_element(arena, n.q);
+  float* dlse = has_dlse ? arena.alloc<float>(n.lse) : nullptr;
+  fill_element(dout, n.q, fp.dtype, seed + 5);
+  if (dlse != nullptr) fill(dlse, n.lse, seed + 6);
+  bp.dout = dout;
+  bp.dlse = dlse;
+  bp.dq = alloc_element(arena, n.q);
+  bp.dk = alloc_element(arena, n.k);
+  bp.dv = alloc_element(arena, n.k);
+  bp.dsinks = fp.sinks != nullptr ? arena.alloc<float>(fp.heads_q) : nullptr;
+  bp.dq_accum = arena.alloc<float>(workspace.dq_accum);
+  bp.dpsum = arena.alloc<float>(workspace.per_row);
+  bp.lse_log2 = arena.alloc<float>(workspace.per_row);
+  poison(bp.dq, 2 * n.q);
+  poison(bp.dk, 2 * n.k);
+  poison(bp.dv, 2 * n.k);
+  if (bp.dsinks != nullptr) poison(bp.dsinks, 4 * fp.heads_q);
+  poison(bp.dq_accum, 4 * workspace.dq_accum);
+  poison(bp.dpsum, 4 * workspace.per_row);
+  poison(bp.lse_log2, 4 * workspace.per_row);
+  flashjax::set_gradient_strides(bp);
+  bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
+  bp.deterministic = semaphores > 0;
+  if (bp.deterministic) {
+    bp.dq_semaphore = arena.alloc<int32_t>(semaphores);
+    poison(bp.dq_semaphore, 4 * semaphores);  // the launcher zeroes them
+  }
+  launch_and_wait(kernel, bp, stream, "backward");
+  return bp;
+}
+
 void run_config(int index, const Config& c, const Variant& variant, cudaStream_t stream) {
   const int D = variant.head_dim;
   const DType dtype = variant.dtype;
   const uint64_t seed = 0x5A17u + 1000u * static_cast<uint64_t>(index);
   Arena arena;
 
-  // ---- forward: the fields fill_shape in csrc/ffi/attention_ffi.cpp sets, the same strides.
-  FwdParams fp;
-  fp.batch = c.batch;
-  fp.seqlen_q = c.seqlen_q;
-  fp.seqlen_k = c.seqlen_k;
-  fp.heads_q = c.heads_q;
-  fp.heads_k = c.heads_k;
-  fp.head_dim = D;
-  fp.dtype = dtype;
-  flashjax::set_contiguous_strides(fp);
-  fp.softmax_scale = 1.f / std::sqrt(static_cast<float>(D));
-  fp.softcap = c.softcap;
-  fp.window_left = c.window_left;
-  fp.window_right = c.window_right;
-
-  const int64_t n_q = int64_t(c.batch) * c.seqlen_q * c.heads_q * D;
-  const int64_t n_k = int64_t(c.batch) * c.seqlen_k * c.heads_k * D;
-  const int64_t n_lse = int64_t(c.batch) * c.heads_q * c.seqlen_q;
-  void* q = alloc_element(arena, n_q);
-  void* k = alloc_element(arena, n_k);
-  void* v = alloc_element(arena, n_k);
-  void* o = alloc_element(arena, n_q);
-  float* lse = arena.alloc<float>(n_lse);
-  float* sinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  fill_element(q, n_q, dtype, seed + 1);
-  fill_element(k, n_k, dtype, seed + 2);
-  fill_element(v, n_k, dtype, seed + 3);
-  if (sinks != nullptr) fill(sinks, c.heads_q, seed + 4);
-  poison(o, 2 * n_q);
-  poison(lse, 4 * n_lse);
-  fp.q = q;
-  fp.k = k;
-  fp.v = v;
-  fp.sinks = sinks;
-  fp.o = o;
-  fp.lse = lse;
+  FwdParams fp = problem_params(c.batch, c.seqlen_q, c.seqlen_k, c.heads_q, c.heads_k, D, dtype, c.softcap,
+                                c.window_left, c.window_right);
+  const Sizes sizes = sizes_of(fp);
+  const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
   if (c.num_splits > 1) {  // the workspace as Python sizes it, poisoned: the combine must read only what parts wrote
     const flashjax::FwdSplitWorkspaceLayout split =
         flashjax::fwd_split_workspace_layout(c.batch, c.num_splits, c.heads_q, c.seqlen_q, D);
@@ -307,73 +395,12 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
     poison(fp.o_partial, 4 * split.o_partial);
     poison(fp.lse_partial, 4 * split.lse_partial);
   }
-  // The family's choices for this call, as the FFI handler writes them from the plan (the split count is the
-  // config's, as a lowering fixes it).
-  flashjax::ChoiceQuery query;
-  query.num_splits = c.num_splits;
-  const flashjax::FamilyChoices choices = variant.fwd->choices(fp, query);
-  fp.tile_class = choices.tile_class;
-  fp.pack_group = choices.pack_group;
-  fp.num_splits = choices.num_splits;
-  CUDA_CHECK(cudaDeviceSynchronize());  // fills done: the sanitizer attributes anything later to our kernels
-  if (const cudaError_t err = launch(*variant.fwd, fp, stream); err != cudaSuccess) {
-    throw Failure{std::string("forward launch: ") + cudaGetErrorString(err)};
-  }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("forward: ") + cudaGetErrorString(err)};
-  }
-
-  // ---- backward: bwd_impl's fields; the workspace sized by bwd_workspace_layout, as Python sizes it.
-  BwdParams bp;
-  static_cast<flashjax::AttnShape&>(bp) = fp;
-  const flashjax::BwdWorkspaceLayout workspace = flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D);
-  void* dout = alloc_element(arena, n_q);
-  float* dlse = c.dlse ? arena.alloc<float>(n_lse) : nullptr;
-  void* dq = alloc_element(arena, n_q);
-  void* dk = alloc_element(arena, n_k);
-  void* dv = alloc_element(arena, n_k);
-  float* dsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  float* dq_accum = arena.alloc<float>(workspace.dq_accum);
-  float* dpsum = arena.alloc<float>(workspace.per_row);
-  float* lse_log2 = arena.alloc<float>(workspace.per_row);
-  const int64_t n_semaphores = c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0;
-  int32_t* dq_semaphore = c.deterministic ? arena.alloc<int32_t>(n_semaphores) : nullptr;
-  if (dq_semaphore != nullptr) poison(dq_semaphore, 4 * n_semaphores);  // the launcher zeroes them
-  fill_element(dout, n_q, dtype, seed + 5);
-  if (dlse != nullptr) fill(dlse, n_lse, seed + 6);
-  poison(dq, 2 * n_q);
-  poison(dk, 2 * n_k);
-  poison(dv, 2 * n_k);
-  if (dsinks != nullptr) poison(dsinks, 4 * c.heads_q);
-  poison(dq_accum, 4 * workspace.dq_accum);
-  poison(dpsum, 4 * workspace.per_row);
-  poison(lse_log2, 4 * workspace.per_row);
-  bp.q = q;
-  bp.k = k;
-  bp.v = v;
-  bp.o = o;
-  bp.lse = lse;
-  bp.dout = dout;
-  bp.dlse = dlse;
-  bp.sinks = sinks;
-  bp.dq = dq;
-  bp.dk = dk;
-  bp.dv = dv;
-  bp.dsinks = dsinks;
-  flashjax::set_gradient_strides(bp);
-  bp.dq_accum = dq_accum;
-  bp.dpsum = dpsum;
-  bp.lse_log2 = lse_log2;
-  bp.seqlen_q_rounded = workspace.seqlen_q_rounded;
-  bp.deterministic = c.deterministic;
-  bp.dq_semaphore = dq_semaphore;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (const cudaError_t err = launch(*variant.bwd, bp, stream); err != cudaSuccess) {
-    throw Failure{std::string("backward launch: ") + cudaGetErrorString(err)};
-  }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("backward: ") + cudaGetErrorString(err)};
-  }
+  run_forward(arena, fp, *variant.fwd, c.sinks, c.num_splits, seed, stream);
+  const BwdParams bp = run_backward(
+      arena, fp, *variant.bwd, flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D), c.dlse,
+      c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0, seed, stream);
+  const void *q = fp.q, *k = fp.k, *v = fp.v, *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
+  const float *lse = fp.lse, *sinks = fp.sinks, *dsinks = bp.dsinks;
 
   // ---- checks
   const std::vector<float> hq = elements_to_host(q, n_q, dtype), hk = elements_to_host(k, n_k, dtype),
@@ -478,6 +505,127 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   }
 }
 
+// ---------------------------------------------------------------------------------------------- varlen configs
+// Packed sequences (docs/design.md §2.7), forward then backward, on the kernels dispatch picks for varlen (the sm80
+// family on every device), with the FFI handlers' fields and bwd_varlen_workspace_layout's workspace (poisoned). The
+// offsets and seqused are device data the kernels clamp: malformed ones (decreasing, negative, past the end, not from
+// zero, 2^31 - 1) must run memcheck-clean with finite results. Well-formed ones also check the zeros §2.5 / §2.7
+// promise: rows no sequence uses get out = 0, lse = -inf and dq = 0, keys no sequence uses dk = dv = 0.
+struct VarlenConfig {
+  std::vector<int32_t> cu_q, cu_k;
+  std::vector<int32_t> used;  // seqused_q and seqused_k; empty: none
+  int total_q, total_k, heads_q, heads_k;
+  int window_left, window_right;
+  bool sinks, dlse, well_formed;
+  float softcap;
+  const char* what;
+};
+
+constexpr int32_t kMax = INT32_MAX;
+const VarlenConfig kVarlenConfigs[] = {
+    {{0, 0, 3, 130, 131}, {0, 5, 5, 300, 301}, {}, 140, 310, 4, 2, -1, 0, true, true, true, 0.f,
+     "varlen: empty and tiny sequences, q and k packed differently, padding tokens, causal, sinks, dlse"},
+    {{0, 1, 2, 3}, {0, 700, 1000, 2900}, {1, 0, 1}, 3, 3000, 8, 2, -1, -1, false, false, true, 0.f,
+     "varlen decode: one query per sequence against long keys, seqused"},
+    {{0, 300, 301, 700}, {0, 260, 900, 901}, {250, 1, 399}, 750, 950, 4, 1, 32, 7, true, true, true, 5.f,
+     "varlen: window (32, 7), softcap 5, MQA 4/1, seqused, sinks, dlse"},
+    {{0, 40, 20, 90}, {90, 20, 40, 0}, {}, 90, 120, 4, 2, -1, 0, true, false, false, 0.f,
+     "varlen: decreasing offsets, causal, sinks"},
+    {{-50, 10, -3, 90}, {17, 40, 5000, 80}, {kMax, -5, 7}, 90, 120, 4, 2, -1, -1, false, true, false, 0.f,
+     "varlen: negative, past-the-end and not-from-zero offsets, seqused out of range, dlse"},
+    {{0, kMax, kMax, kMax}, {0, kMax, kMax, kMax}, {}, 90, 120, 4, 2, -1, 0, true, true, false, 30.f,
+     "varlen: 2^31 - 1 offsets, causal, softcap 30, sinks, dlse"},
+    {{17, 40, 60, 80}, {0, kMax, -7, 120}, {3, kMax, 0}, 90, 120, 4, 2, 16, 3, true, true, false, 0.f,
+     "varlen: not from zero, 2^31 - 1 and negative key offsets, window (16, 3)"},
+};
+constexpr int kNumVarlenConfigs = sizeof(kVarlenConfigs) / sizeof(kVarlenConfigs[0]);
+
+int32_t* upload(Arena& arena, const std::vector<int32_t>& values) {
+  int32_t* dev = arena.alloc<int32_t>(static_cast<int64_t>(values.size()));
+  if (!values.empty()) {
+    CUDA_CHECK(cudaMemcpy(dev, values.data(), sizeof(int32_t) * values.size(), cudaMemcpyHostToDevice));
+  }
+  return dev;
+}
+
+// Rows [0, total) that no sequence uses, from well-formed offsets.
+std::vector<bool> unused_rows(const std::vector<int32_t>& cu, const std::vector<int32_t>& used, int total) {
+  std::vector<bool> unused(static_cast<size_t>(total), true);
+  for (size_t b = 0; b + 1 < cu.size(); ++b) {
+    const int end = used.empty() ? cu[b + 1] : cu[b] + used[b];
+    for (int r = cu[b]; r < end; ++r) unused[r] = false;
+  }
+  return unused;
+}
+
+void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant, cudaStream_t stream) {
+  const int D = variant.head_dim;
+  const uint64_t seed = 0x7A11u + 1000u * static_cast<uint64_t>(index);
+  const int n = static_cast<int>(c.cu_q.size()) - 1;
+  Arena arena;
+
+  // One batch of Tq / Tk rows, lse [Hq, Tq], the offsets on the device (fill_varlen_shape's fields).
+  FwdParams fp = problem_params(1, c.total_q, c.total_k, c.heads_q, c.heads_k, D, variant.dtype, c.softcap,
+                                c.window_left, c.window_right);
+  fp.lse_batch_stride = 0;
+  fp.num_seqs = n;
+  fp.cu_seqlens_q = upload(arena, c.cu_q);
+  fp.cu_seqlens_k = upload(arena, c.cu_k);
+  fp.seqused_q = fp.seqused_k = c.used.empty() ? nullptr : upload(arena, c.used);
+  run_forward(arena, fp, *variant.fwd, c.sinks, 1, seed, stream);
+  const BwdParams bp = run_backward(arena, fp, *variant.bwd,
+                                    flashjax::bwd_varlen_workspace_layout(c.total_q, n, c.heads_q, D), c.dlse,
+                                    /*semaphores=*/0, seed, stream);
+  const DType dtype = variant.dtype;
+  const Sizes sizes = sizes_of(fp);
+  const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
+  const void *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
+  const float *lse = fp.lse, *dsinks = bp.dsinks;
+
+  // ---- checks: finite everywhere (lse may be -inf: rows that see no key), zeros where no sequence is.
+  const std::vector<float> ho = elements_to_host(o, n_q, dtype), hdq = elements_to_host(dq, n_q, dtype),
+                           hdk = elements_to_host(dk, n_k, dtype), hdv = elements_to_host(dv, n_k, dtype),
+                           hlse = floats_to_host(lse, n_lse);
+  expect_finite(ho, "out");
+  expect_finite(hdq, "dq");
+  expect_finite(hdk, "dk");
+  expect_finite(hdv, "dv");
+  if (c.sinks) expect_finite(floats_to_host(dsinks, c.heads_q), "dsinks");
+  for (int64_t i = 0; i < n_lse; ++i) {
+    if (std::isnan(hlse[i]) || hlse[i] == INFINITY) {
+      throw Failure{"lse[" + std::to_string(i) + "] = " + std::to_string(hlse[i])};
+    }
+  }
+  if (!c.well_formed) return;
+  const std::vector<bool> rows_q = unused_rows(c.cu_q, c.used, c.total_q);
+  const std::vector<bool> rows_k = unused_rows(c.cu_k, c.used, c.total_k);
+  for (int r = 0; r < c.total_q; ++r) {
+    if (!rows_q[r]) continue;
+    for (int h = 0; h < c.heads_q; ++h) {
+      if (hlse[int64_t(h) * c.total_q + r] != -INFINITY) {
+        throw Failure{"unused query row " + std::to_string(r) + " has lse " +
+                      std::to_string(hlse[int64_t(h) * c.total_q + r]) + " instead of -inf"};
+      }
+      for (int d = 0; d < D; ++d) {
+        const int64_t at = (int64_t(r) * c.heads_q + h) * D + d;
+        if (ho[at] != 0.f || hdq[at] != 0.f) {
+          throw Failure{"unused query row " + std::to_string(r) + ": out " + std::to_string(ho[at]) + ", dq " +
+                        std::to_string(hdq[at]) + " instead of 0"};
+        }
+      }
+    }
+  }
+  for (int r = 0; r < c.total_k; ++r) {
+    if (!rows_k[r]) continue;
+    for (int64_t i = int64_t(r) * c.heads_k * D; i < int64_t(r + 1) * c.heads_k * D; ++i) {
+      if (hdk[i] != 0.f || hdv[i] != 0.f) {
+        throw Failure{"unused key row " + std::to_string(r) + ": dk " + std::to_string(hdk[i]) + ", dv " +
+                      std::to_string(hdv[i]) + " instead of 0"};
+      }
+    }
+  }
+}
+
 // The (dtype, head dim) pairs with a forward and a backward kernel for this device, in an order that alternates
 // dtypes and widths so that consecutive configs differ in both. Dispatch is asked as the FFI handlers ask it: with
 // the device's own opt-in shared memory per block (capped by FLASHJAX_SMEM_LIMIT_KB).
@@ -497,8 +645,14 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kBwd;
     const flashjax::Choice bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                          flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.varlen = true;  // the varlen configs' kernels (the sm80 family's on every device)
+    const flashjax::Choice varlen_bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                                flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kFwd;
+    const flashjax::Choice varlen_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                                flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
-      variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel});
+      variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -521,12 +675,13 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kNumConfigs; ++i) {
         std::printf("[%d] %s  (%s)\n", i, describe(kConfigs[i]).c_str(), kConfigs[i].what);
       }
+      for (int j = 0; j < kNumVarlenConfigs; ++j) std::printf("[%d] %s\n", kNumConfigs + j, kVarlenConfigs[j].what);
       return 0;
     }
     if (arg == "--only" && a + 1 < argc) {
       char* end = nullptr;
       const long n = std::strtol(argv[++a], &end, 10);
-      if (*end != '\0' || n < 0 || n >= kNumConfigs) return usage(argv[0]);
+      if (*end != '\0' || n < 0 || n >= kNumConfigs + kNumVarlenConfigs) return usage(argv[0]);
       only.push_back(static_cast<int>(n));
       continue;
     }
@@ -566,6 +721,24 @@ int main(int argc, char** argv) {
     return 1;
   }
   int failures = 0;
+  // Runs one config; false when a sticky error (an illegal address, a trap) leaves the context unusable, so that the
+  // later configs cannot run.
+  auto attempt = [&](int i, auto&& run) {
+    std::fflush(stdout);
+    try {
+      run();
+      std::printf(": ok\n");
+    } catch (const Failure& failure) {
+      std::printf(": FAILED %s\n", failure.why.c_str());
+      ++failures;
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        std::printf("flashjax_sanitize: the CUDA context is unusable after config %d; stopping\n", i);
+        return false;
+      }
+    }
+    std::fflush(stdout);
+    return true;
+  };
   for (int i = 0; i < kNumConfigs; ++i) {
     if (!only.empty() && std::find(only.begin(), only.end(), i) == only.end()) continue;
     const Variant* pinned = nullptr;
@@ -577,20 +750,18 @@ int main(int argc, char** argv) {
     if (kConfigs[i].deterministic && !variant.bwd->deterministic) continue;  // e.g. the sm80 backward (sm80 mode)
     std::printf("[%d] %s %s D%d fwd %s bwd %s", i, describe(kConfigs[i]).c_str(), dtype_name(variant.dtype),
                 variant.head_dim, variant.fwd->family, variant.bwd->family);
-    std::fflush(stdout);
-    try {
-      run_config(i, kConfigs[i], variant, stream);
-      std::printf(": ok\n");
-    } catch (const Failure& failure) {
-      std::printf(": FAILED %s\n", failure.why.c_str());
-      ++failures;
-      // A sticky error (an illegal address, a trap) leaves the context unusable: the later configs cannot run.
-      if (cudaDeviceSynchronize() != cudaSuccess) {
-        std::printf("flashjax_sanitize: the CUDA context is unusable after config %d; stopping\n", i);
-        return 1;
-      }
-    }
-    std::fflush(stdout);
+    if (!attempt(i, [&] { run_config(i, kConfigs[i], variant, stream); })) return 1;
+  }
+  // The varlen configs rotate over the widths too (each width's 99 KB row where FLASHJAX_SMEM_LIMIT_KB=99 says so).
+  for (int j = 0; j < kNumVarlenConfigs; ++j) {
+    const int i = kNumConfigs + j;
+    if (!only.empty() && std::find(only.begin(), only.end(), i) == only.end()) continue;
+    const Variant& variant = variants[j % variants.size()];
+    if (variant.varlen_fwd == nullptr || variant.varlen_bwd == nullptr) continue;  // no sm80 family in this build
+    const Variant varlen{variant.dtype, variant.head_dim, variant.varlen_fwd, variant.varlen_bwd, nullptr, nullptr};
+    std::printf("[%d] %s %s D%d fwd %s bwd %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
+                variant.head_dim, varlen.fwd->family, varlen.bwd->family);
+    if (!attempt(i, [&] { run_varlen_config(i, kVarlenConfigs[j], varlen, stream); })) return 1;
   }
   cudaStreamDestroy(stream);
   std::printf("flashjax_sanitize: %d config(s) failed\n", failures);

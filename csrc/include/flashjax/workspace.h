@@ -4,6 +4,7 @@
 // forward's (FwdParams::o_partial, lse_partial).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace flashjax {
@@ -27,6 +28,32 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int32_t batch, int32_t heads_q
   BwdWorkspaceLayout layout;
   layout.seqlen_q_rounded = bwd_seqlen_q_rounded(seqlen_q);
   layout.per_row = int64_t(batch) * heads_q * layout.seqlen_q_rounded;
+  layout.dq_accum = layout.per_row * head_dim;
+  return layout;
+}
+
+// Varlen (docs/design.md §2.7): the workspace is one slab of rows per query head, [Hq, rows, ...], in which sequence b
+// takes the rows from (clamp(cu_seqlens_q[b], [0, Tq]) / kBwdVarlenRowBlock + b) * kBwdVarlenRowBlock on
+// (kernels/sm80/bwd_tile_scheduler.cuh). Each sequence's padded blocks thus have rows of their own (it straddles at
+// most one more unit boundary than its length fills), and Tq + N * kBwdVarlenRowBlock rows bound them all: the
+// workspace follows the tokens, never N x max_seqlen, and depends on no tile size. The unit is a multiple of every
+// backward M block (the kernels static_assert it), so M blocks stay whole inside a sequence's rows.
+inline constexpr int32_t kBwdVarlenRowBlock = 64;
+static_assert(kBwdSeqlenQRounding % kBwdVarlenRowBlock == 0);
+
+// Rows of each head's slab: int64, since Tq near 2^31 overflows int32 (the FFI handler refuses more than INT32_MAX).
+constexpr int64_t bwd_varlen_rows(int32_t total_q, int32_t num_seqs) {
+  const int64_t rows = (int64_t(total_q) / kBwdVarlenRowBlock + num_seqs) * kBwdVarlenRowBlock;
+  return (rows + kBwdSeqlenQRounding - 1) / kBwdSeqlenQRounding * kBwdSeqlenQRounding;
+}
+
+// dq_accum [Hq, rows, D], dpsum and lse_log2 [Hq, rows]; seqlen_q_rounded = rows (when it fits int32).
+constexpr BwdWorkspaceLayout bwd_varlen_workspace_layout(int32_t total_q, int32_t num_seqs, int32_t heads_q,
+                                                         int32_t head_dim) {
+  BwdWorkspaceLayout layout;
+  const int64_t rows = bwd_varlen_rows(total_q, num_seqs);
+  layout.seqlen_q_rounded = rows <= INT32_MAX ? static_cast<int32_t>(rows) : 0;
+  layout.per_row = int64_t(heads_q) * rows;
   layout.dq_accum = layout.per_row * head_dim;
   return layout;
 }

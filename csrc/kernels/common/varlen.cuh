@@ -46,19 +46,27 @@ struct VarlenBlock {
   int block;  // the block's index within it (may be past its rows: then the CTA has no work)
 };
 
-// Virtual block v in [0, varlen_num_blocks) -> (sequence, block within it): the last b whose start <= v.
+// Sequence b's first virtual block (b in [0, num_seqs)): in [0, varlen_num_blocks) whatever the array holds. The
+// backward's workspace places sequences by the same starts (flashjax/workspace.h, kBwdVarlenRowBlock).
+template <int kBlock>
+__device__ __forceinline__ int varlen_first_block(const int32_t* cu_seqlens, int b, int total) {
+  return clamp_offset(cu_seqlens[b], total) / kBlock + b;
+}
+
+// Virtual block v in [0, varlen_num_blocks) -> (sequence, block within it): the last b whose start <= v. Needs
+// num_seqs >= 1 (launchers launch nothing for N = 0).
 template <int kBlock>
 __device__ __forceinline__ VarlenBlock varlen_block(const int32_t* cu_seqlens, int num_seqs, int total, int v) {
   int lo = 0, hi = num_seqs - 1;  // invariant (for monotone starts): start(lo) <= v, and the answer is in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (clamp_offset(cu_seqlens[mid], total) / kBlock + mid <= v) {
+    if (varlen_first_block<kBlock>(cu_seqlens, mid, total) <= v) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  return {lo, v - (clamp_offset(cu_seqlens[lo], total) / kBlock + lo)};
+  return {lo, v - varlen_first_block<kBlock>(cu_seqlens, lo, total)};
 }
 
 }  // namespace flashjax::common

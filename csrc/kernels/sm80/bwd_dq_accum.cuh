@@ -22,13 +22,13 @@ __host__ __device__ constexpr int dq_accum_offset(int value, int thread) {
   return ((value / kDqAccumVec) * Layouts::kNThreads + thread) * kDqAccumVec + value % kDqAccumVec;
 }
 
-// First float of M block m_block, chunk `chunk`, in the slab of (batch, head).
+// First float of the M block starting at row slab_row (a multiple of kBlockM: m_block * kBlockM, plus the sequence's
+// ws_start in varlen), chunk `chunk`, in the slab of (batch, head).
 template <typename Layouts>
-__device__ __forceinline__ int64_t dq_accum_chunk_start(const BwdParams& params, int batch, int head, int m_block,
+__device__ __forceinline__ int64_t dq_accum_chunk_start(const BwdParams& params, int batch, int head, int slab_row,
                                                         int chunk) {
   constexpr int kBlockM = Layouts::kBlockM;
-  return ((int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + int64_t(m_block) * kBlockM) *
-             Layouts::kHeadDim +
+  return ((int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + slab_row) * Layouts::kHeadDim +
          chunk * kBlockM * Layouts::kDqCols;
 }
 

@@ -7,6 +7,7 @@
 
 #include "flashjax/params.h"
 #include "kernels/sm80/bwd_layouts.cuh"
+#include "kernels/sm80/bwd_tile_scheduler.cuh"
 #include "kernels/sm80/mma_fragment_layouts.cuh"
 
 namespace flashjax::sm80 {
@@ -34,8 +35,9 @@ __device__ __forceinline__ void store_tile_rows(const SmemTile& smem_tile, void*
 }
 
 // acc_dk / acc_dv: the mainloop's TiledMmaDkv accumulators. Expects shared memory free (the mainloop's contract).
+// Writes the tile's rows of its sequence's used keys only (varlen: from the sequence's first row).
 template <typename Layouts, typename AccDkv>
-__device__ void bwd_epilogue_store_dkdv(const BwdParams& params, int n_block, int kv_head, int batch,
+__device__ void bwd_epilogue_store_dkdv(const BwdParams& params, const BwdBlock& tile,
                                         typename Layouts::Element* smem, AccDkv& acc_dk, AccDkv& acc_dv) {
   using namespace cute;
   using Element = typename Layouts::Element;
@@ -52,11 +54,12 @@ __device__ void bwd_epilogue_store_dkdv(const BwdParams& params, int n_block, in
   copy(copy_c, thr_c.retile_S(rdV), thr_c.partition_D(sdV));
   __syncthreads();
 
-  const int n_start = n_block * Layouts::kBlockN;
-  store_tile_rows<Layouts>(sdK, params.dk, batch * params.dk_batch_stride, params.dk_row_stride,
-                           kv_head * params.dk_head_stride, n_start, params.seqlen_k);
-  store_tile_rows<Layouts>(sdV, params.dv, batch * params.dv_batch_stride, params.dv_row_stride,
-                           kv_head * params.dv_head_stride, n_start, params.seqlen_k);
+  const int n_start = tile.block * Layouts::kBlockN;
+  const int64_t k_start = tile.seq.k_start;
+  store_tile_rows<Layouts>(sdK, params.dk, tile.seq.batch * params.dk_batch_stride + k_start * params.dk_row_stride,
+                           params.dk_row_stride, tile.head * params.dk_head_stride, n_start, tile.seq.seqlen_k);
+  store_tile_rows<Layouts>(sdV, params.dv, tile.seq.batch * params.dv_batch_stride + k_start * params.dv_row_stride,
+                           params.dv_row_stride, tile.head * params.dv_head_stride, n_start, tile.seq.seqlen_k);
 }
 
 }  // namespace flashjax::sm80

@@ -6,25 +6,49 @@
 #include <cutlass/numeric_types.h>
 
 #include <string>
+#include <utility>
 
 #include "flashjax/params.h"
+#include "flashjax/workspace.h"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/sm80/bwd_kernel.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_postprocess.cuh"
 #include "kernels/sm80/bwd_preprocess.cuh"
+#include "kernels/sm80/bwd_tile_scheduler.cuh"
 #include "kernels/sm80/bwd_tile_sizes.cuh"
 #include "kernels/sm80/launch.h"
 
 namespace flashjax::sm80 {
 
+// Varlen: the gradient rows no CTA writes (keys and query rows past seqused, tokens outside every sequence, rows that
+// malformed offsets leave out) are zero, as the reference gives unused rows: stream-ordered memsets of dq, dk, dv
+// before the kernels, which then overwrite the rows of their sequences (rows of [T, H, D] with the handler's strides).
+template <typename Element>
+cudaError_t zero_varlen_gradients(const BwdParams& params, cudaStream_t stream) {
+  const std::pair<void*, int64_t> tensors[] = {{params.dq, int64_t(params.seqlen_q) * params.dq_row_stride},
+                                               {params.dk, int64_t(params.seqlen_k) * params.dk_row_stride},
+                                               {params.dv, int64_t(params.seqlen_k) * params.dv_row_stride}};
+  for (const auto& [data, elements] : tensors) {
+    if (elements <= 0) continue;
+    const cudaError_t err = cudaMemsetAsync(data, 0, size_t(elements) * sizeof(Element), stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Layouts = BwdLayouts<Element, kHeadDim, kSmemKB>;
   using RowPass = BwdRowPassShape;
+  const bool varlen = params.cu_seqlens_q != nullptr;
+  // The workspace's rows per slab: Sq rounded, or varlen's per-sequence placement (flashjax/workspace.h).
+  const int64_t slab_rows = varlen ? bwd_varlen_rows(params.seqlen_q, params.num_seqs)
+                                   : int64_t(common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding)) *
+                                         kBwdSeqlenQRounding;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      params.seqlen_q_rounded < common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
-      params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 ||
+      params.seqlen_q_rounded < slab_rows || params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 ||
+      (varlen && (params.batch != 1 || params.num_seqs < 0)) ||
       params.deterministic) {  // its dq atomics land in any order: dispatch sends deterministic calls elsewhere
     return cudaErrorInvalidValue;
   }
@@ -32,6 +56,10 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (params.sinks != nullptr && params.heads_q > 0) {
     const cudaError_t err = cudaMemsetAsync(params.dsinks, 0, sizeof(float) * params.heads_q, stream);
     if (err != cudaSuccess) return err;
+  }
+  if (varlen) {
+    if (const cudaError_t err = zero_varlen_gradients<Element>(params, stream); err != cudaSuccess) return err;
+    if (params.num_seqs == 0) return cudaGetLastError();  // no sequence: zero gradients, dsinks 0
   }
   if (params.batch == 0 || params.heads_q == 0) return cudaGetLastError();
 
@@ -48,12 +76,14 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layouts::kSmemBytes);
     if (err != cudaSuccess) return err;
-    const dim3 grid(common::ceil_div(params.seqlen_k, Layouts::kBlockN), params.heads_k, params.batch);
+    const dim3 grid = BwdBlockScheduler<Layouts::kBlockN, /*kKeys=*/true>::grid(params);
+    if (grid.x == 0) return cudaErrorInvalidConfiguration;  // varlen's virtual blocks past INT_MAX
     kernel<<<grid, Layouts::kNThreads, Layouts::kSmemBytes, stream>>>(params);
   }
 
   if (params.seqlen_q > 0) {
-    const dim3 grid(common::ceil_div(params.seqlen_q, Layouts::kBlockM), params.heads_q, params.batch);
+    const dim3 grid = BwdBlockScheduler<Layouts::kBlockM, /*kKeys=*/false>::grid(params);
+    if (grid.x == 0) return cudaErrorInvalidConfiguration;
     bwd_postprocess_kernel<Layouts><<<grid, Layouts::kNThreads, 0, stream>>>(params);
   }
   return cudaGetLastError();

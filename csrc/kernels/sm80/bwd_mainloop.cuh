@@ -19,6 +19,7 @@
 #include "kernels/sm80/bwd_dq_accum.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_scores.cuh"
+#include "kernels/sm80/bwd_tile_scheduler.cuh"
 #include "kernels/sm80/mma_fragment_layouts.cuh"
 #include "kernels/sm80/smem_gemm.cuh"
 
@@ -50,14 +51,15 @@ __device__ __forceinline__ auto gmem_tile(const void* base, int64_t batch_offset
   return make_tensor(make_gmem_ptr(ptr), Shape<Int<kRows>, Int<kHeadDim>>{}, make_stride(row_stride, _1{}));
 }
 
-// Runs every step of the CTA owning keys [n_block * kBlockN, +kBlockN) of kv_head in batch; acc_dk / acc_dv are
-// TiledMmaDkv fragments of (kBlockN x D), zero on entry, holding unscaled dK and dV on return. smem is the
-// CTA's dynamic shared memory (Layouts::kSmemBytes). Returns with all of shared memory free for reuse.
+// Runs every step of the CTA owning keys [tile.block * kBlockN, +kBlockN) of KV head tile.head in sequence tile.seq
+// (rows of the tensors and of the workspace from the sequence's starts; the band from its used lengths, which mask
+// holds); acc_dk / acc_dv are TiledMmaDkv fragments of (kBlockN x D), zero on entry, holding unscaled dK and dV on
+// return. smem is the CTA's dynamic shared memory (Layouts::kSmemBytes). Returns with all of shared memory free.
 // kSoftcap = false compiles the softcap-free step only (valid when params.softcap <= 0): with both variants as
 // runtime branches, the d128 step used all 255 registers and spilled.
 template <typename Layouts, bool kSoftcap, typename AccDkv>
-__device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBandMask& mask, int n_block, int kv_head,
-                                  int batch, typename Layouts::Element* smem, AccDkv& acc_dk, AccDkv& acc_dv) {
+__device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBandMask& mask, const BwdBlock& tile,
+                                  typename Layouts::Element* smem, AccDkv& acc_dk, AccDkv& acc_dv) {
   using namespace cute;
   using Element = typename Layouts::Element;
   constexpr int kBlockM = Layouts::kBlockM;
@@ -66,7 +68,9 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   constexpr int kStagesQ = Layouts::kStagesQ;
   constexpr int kStagesdO = Layouts::kStagesdO;
   const int tid = threadIdx.x;
-  const int n_start = n_block * kBlockN;
+  const int n_start = tile.block * kBlockN;
+  const int kv_head = tile.head;
+  const int batch = tile.seq.batch;
 
   const common::MBlockRange m_blocks = mask.m_blocks<kBlockM, kBlockN>(n_start);
   const int num_m_blocks = m_blocks.end - m_blocks.begin;
@@ -99,21 +103,23 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   Tensor sPt = make_tensor(make_smem_ptr(smem + Layouts::kOffsetP), typename Layouts::SmemLayoutPdSt{});
   Tensor sdSt = make_tensor(make_smem_ptr(smem + Layouts::kOffsetdS), typename Layouts::SmemLayoutPdSt{});
 
-  // K_j and V_j: one cp.async group, waited for together with the first Q / dO.
-  const int64_t k_batch = batch * params.k_batch_stride, k_head = kv_head * params.k_head_stride;
-  const int64_t v_batch = batch * params.v_batch_stride, v_head = kv_head * params.v_head_stride;
+  // K_j and V_j: one cp.async group, waited for together with the first Q / dO. The sequence's first row goes
+  // into the batch offset (varlen; 0 dense): row indices stay sequence-local, as the band and the predicates see them.
+  const int64_t k_batch = batch * params.k_batch_stride + int64_t(tile.seq.k_start) * params.k_row_stride;
+  const int64_t v_batch = batch * params.v_batch_stride + int64_t(tile.seq.k_start) * params.v_row_stride;
+  const int64_t k_head = kv_head * params.k_head_stride, v_head = kv_head * params.v_head_stride;
   load_tile_zfill<Layouts>(
       gmem_tile<kBlockN, kHeadDim, Element>(params.k, k_batch, params.k_row_stride, k_head, n_start), sK,
-      params.seqlen_k - n_start);
+      tile.seq.seqlen_k - n_start);
   load_tile_zfill<Layouts>(
       gmem_tile<kBlockN, kHeadDim, Element>(params.v, v_batch, params.v_row_stride, v_head, n_start), sV,
-      params.seqlen_k - n_start);
+      tile.seq.seqlen_k - n_start);
   cp_async_fence();
 
   // Step -> (query head, M block): heads outer, so consecutive steps of one head walk down the band. Each CTA
   // starts at a different M block (rotated by its KV block): without a band, every CTA of a head would otherwise
   // add into the same dQ rows at the same time, and same-address atomics serialize in L2.
-  const int m_rotation = n_block % num_m_blocks;
+  const int m_rotation = tile.block % num_m_blocks;
   auto step_head = [&](int step) { return kv_head * group + step / num_m_blocks; };
   auto step_m_start = [&](int step) {
     int m = step % num_m_blocks + m_rotation;
@@ -125,9 +131,10 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
                                int step, Element* stage_smem) {
     const int m_start = step_m_start(step);
     Tensor dst = make_tensor(make_smem_ptr(stage_smem), typename Layouts::SmemLayoutQdO{});
-    load_tile_zfill<Layouts>(gmem_tile<kBlockM, kHeadDim, Element>(base, batch * batch_stride, row_stride,
-                                                                   step_head(step) * head_stride, m_start),
-                             dst, params.seqlen_q - m_start);
+    load_tile_zfill<Layouts>(
+        gmem_tile<kBlockM, kHeadDim, Element>(base, batch * batch_stride + int64_t(tile.seq.q_start) * row_stride,
+                                              row_stride, step_head(step) * head_stride, m_start),
+        dst, tile.seq.seqlen_q - m_start);
   };
   auto load_q = [&](int step, int stage) {
     load_tile_of_step(params.q, params.q_batch_stride, params.q_row_stride, params.q_head_stride, step,
@@ -220,8 +227,10 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
       cp_async_wait<0>();
     }
 
-    // Per-row LSE (log2) and D' from the workspace; padding keeps the whole M block in bounds.
-    const int64_t ws_rows = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + m_start;
+    // Per-row LSE (log2) and D' from the workspace; padding keeps the whole M block in bounds (varlen: inside the
+    // sequence's own rows of the slab, which hold lse_log2 = +inf past its used rows).
+    const int64_t ws_rows =
+        (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + tile.seq.ws_start + m_start;
     Tensor lse_log2 = make_tensor<float>(Shape<Int<kRowsPerThread>>{});
     Tensor dpsum = make_tensor<float>(Shape<Int<kRowsPerThread>>{});
     CUTE_UNROLL
@@ -273,7 +282,8 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
       clear(acc_dq);
       gemm_smem_smem(mma_dq, acc_dq, rdS, rKt, tdQsdS, tdQsKt_chunk(chunk), copy_a_dq, copy_b_dq);
       atomic_add_dq_chunk<Layouts>(
-          params.dq_accum + dq_accum_chunk_start<Layouts>(params, batch, head, m_start / kBlockM, chunk), acc_dq);
+          params.dq_accum + dq_accum_chunk_start<Layouts>(params, batch, head, tile.seq.ws_start + m_start, chunk),
+          acc_dq);
     }
 
     gemm_smem_smem(mma_dkv, acc_dk, rdSt, rQt, tdKsdSt, thr_b_dkv.partition_S(smem_qt(stage_q)), copy_a_dkv,

@@ -12,32 +12,37 @@
 
 #include "flashjax/params.h"
 #include "kernels/sm80/bwd_dq_accum.cuh"
+#include "kernels/sm80/bwd_tile_scheduler.cuh"
 
 namespace flashjax::sm80 {
 
-// Grid: (ceil(seqlen_q / kBlockM), heads_q, batch); Layouts::kNThreads threads.
+// Grid: BwdBlockScheduler<kBlockM, queries>::grid (varlen: virtual M blocks, of which those outside their sequence's
+// used rows have no work: the launcher zeroed dq there); Layouts::kNThreads threads.
 template <typename Layouts>
 __global__ void __launch_bounds__(Layouts::kNThreads) bwd_postprocess_kernel(const BwdParams params) {
   using namespace cute;
   using Element = typename Layouts::Element;
   constexpr int kBlockM = Layouts::kBlockM;
   constexpr int kDqCols = Layouts::kDqCols;
-  const int m_block = blockIdx.x;
-  const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const BwdBlock tile = BwdBlockScheduler<kBlockM, /*kKeys=*/false>::block(params);
+  const int m_block = tile.block;
+  const int head = tile.head;
+  const int batch = tile.seq.batch;
+  const int valid_rows = tile.seq.seqlen_q - m_block * kBlockM;
+  if (m_block < 0 || valid_rows <= 0) return;
 
   typename Layouts::TiledMmaDq mma_dq;
   const auto coords = mma_dq.get_slice(threadIdx.x).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDqCols>>{}));
   constexpr int kValues = decltype(size(coords))::value;
   static_assert(kValues % kDqAccumVec == 0);
-  const int valid_rows = params.seqlen_q - m_block * kBlockM;
   auto* dq_block = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + head * params.dq_head_stride +
-                   int64_t(m_block) * kBlockM * params.dq_row_stride;
+                   (int64_t(tile.seq.q_start) + m_block * kBlockM) * params.dq_row_stride;
   cutlass::NumericArrayConverter<Element, float, 2> to_element;
 
   CUTE_UNROLL
   for (int chunk = 0; chunk < Layouts::kDqChunks; ++chunk) {
-    const float* chunk_accum = params.dq_accum + dq_accum_chunk_start<Layouts>(params, batch, head, m_block, chunk);
+    const float* chunk_accum = params.dq_accum + dq_accum_chunk_start<Layouts>(
+                                                     params, batch, head, tile.seq.ws_start + m_block * kBlockM, chunk);
     CUTE_UNROLL
     for (int i = 0; i < kValues; i += kDqAccumVec) {
       const float4 acc = *reinterpret_cast<const float4*>(chunk_accum + dq_accum_offset<Layouts>(i, threadIdx.x));

@@ -5,6 +5,8 @@
 //   dq_accum      = 0 over the whole padded [Sq_rounded, D] slab (the main kernel only adds into it)
 //   dsinks[h]    += -sum_row exp(sink_h - lse_row) * D'_row   (one atomic per block; zeroed by the launcher), or
 //                   with deterministic=True the same sum in a fixed order by bwd_dsinks_ordered_kernel afterwards
+// Varlen: each query head's slab holds the packed sequences' rows as bwd_tile_scheduler.cuh places them; a slab row
+// that stands for no used query row (between sequences, past seqused) is padding.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +15,7 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/sm80/bwd_tile_scheduler.cuh"
 #include "kernels/sm80/bwd_tile_sizes.cuh"
 
 namespace flashjax::sm80 {
@@ -25,18 +28,19 @@ struct BwdRowPassShape {
   static_assert(kBwdSeqlenQRounding % kRowsPerBlock == 0, "blocks must tile the workspace's row padding");
 };
 
-// Grid: (seqlen_q_rounded / kRowsPerBlock, heads_q, batch).
+// Grid: (seqlen_q_rounded / kRowsPerBlock, heads_q, batch); varlen batch 1, the slab rows of bwd_varlen_rows.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(BwdRowPassShape::kThreads) bwd_preprocess_kernel(const BwdParams params) {
   using Pass = BwdRowPassShape;
   static_assert(kHeadDim % (Pass::kVec * Pass::kThreadsPerRow) == 0 && Pass::kVec * sizeof(Element) == sizeof(uint2));
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int row = blockIdx.x * Pass::kRowsPerBlock + threadIdx.x / Pass::kThreadsPerRow;
+  const int slab_row = blockIdx.x * Pass::kRowsPerBlock + threadIdx.x / Pass::kThreadsPerRow;
+  const int row = bwd_row_of_slab_row(params, slab_row);  // of q / o / lse; -1: a padding row
   const int lane_in_row = threadIdx.x % Pass::kThreadsPerRow;
 
   float dot = 0.f;
-  if (row < params.seqlen_q) {
+  if (row >= 0) {
     const auto* o_row = static_cast<const Element*>(params.o) + batch * params.o_batch_stride +
                         row * params.o_row_stride + head * params.o_head_stride;
     const auto* do_row = static_cast<const Element*>(params.dout) + batch * params.do_batch_stride +
@@ -57,10 +61,10 @@ __global__ void __launch_bounds__(BwdRowPassShape::kThreads) bwd_preprocess_kern
 
   float dsink = 0.f;  // this row's term of dsinks[head]; nonzero only on the row's first thread
   if (lane_in_row == 0) {
-    const int64_t ws_row = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + row;
+    const int64_t ws_row = (int64_t(batch) * params.heads_q + head) * params.seqlen_q_rounded + slab_row;
     float dpsum = 0.f;
     float lse_log2 = INFINITY;
-    if (row < params.seqlen_q) {
+    if (row >= 0) {
       const int64_t lse_idx = batch * params.lse_batch_stride + head * params.lse_head_stride + row;
       const float lse = params.lse[lse_idx];
       dpsum = dot - (params.dlse != nullptr ? params.dlse[lse_idx] : 0.f);
