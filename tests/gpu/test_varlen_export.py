@@ -31,7 +31,7 @@ def test_export_of_a_varlen_call_round_trips_on_every_packing():
         exported = export.deserialize(exported.serialize())
     except ImportError:  # the serializer needs flatbuffers; the in-memory artifact still runs
         pass
-    assert "@flashjax_fwd_varlen" in exported.mlir_module()
+    assert "@flashjax_fwd_varlen" in exported.mlir_module() and "@flashjax_bwd_varlen" in exported.mlir_module()
     for cu_q, cu_k in PACKINGS:
         got = exported.call(q, k, v, jnp.asarray(cu_q), jnp.asarray(cu_k), d_out)
         want = jax.jit(_fwd_bwd)(q, k, v, jnp.asarray(cu_q), jnp.asarray(cu_k), d_out)
