@@ -178,3 +178,21 @@ def check(cfg: Config, errors: dict[str, float]) -> list[str]:
         if not err <= limit:  # NaN never passes
             bad.append(f"{name} rel err {err:.3g} > {limit:g}")
     return bad
+
+
+def special_value_errors(name, got, want, limit, denominator=None):
+    """Where `got` differs from `want` in its NaN or +-inf positions, or in its finite entries beyond `limit`."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return [f"{name}: shape {got.shape} != {want.shape}"]
+    bad = []
+    for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        differ = test(got) != test(want)
+        if differ.any():
+            bad.append(f"{name}: {what} at {int(differ.sum())} entries where the reference differs (first at "
+                       f"{tuple(int(i) for i in np.argwhere(differ)[0])}: got {got[differ][0]}, want {want[differ][0]})")
+    finite = np.isfinite(want) & np.isfinite(got)
+    err = rel_err(got[finite], want[finite], denominator)
+    if not err <= limit:
+        bad.append(f"{name}: finite entries rel err {err:.3g} > {limit:g}")
+    return bad
