@@ -43,7 +43,8 @@ std::vector<const KernelEntry*> rows_of(Direction direction, DType dtype, int he
 }
 
 std::string what(Direction direction, DType dtype, int head_dim) {
-  return std::string(direction == Direction::kFwd ? "fwd" : direction == Direction::kBwd ? "bwd" : "tangent") + (dtype == DType::kFloat16 ? " fp16" : " bf16") +
+  const char* name = direction == Direction::kFwd ? "fwd" : direction == Direction::kBwd ? "bwd" : "tangent";
+  return std::string(name) + (dtype == DType::kFloat16 ? " fp16" : " bf16") +
          " D " + std::to_string(head_dim);
 }
 

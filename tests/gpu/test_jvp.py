@@ -26,65 +26,10 @@ def test_jvp_sweep_seed_is_reported():
     print(f"FLASHJAX_SWEEP_SEED={SEED}")
 
 
-def _tangent_inputs(cfg, rng, sinks_value=None):
-    """Primals (q, k, v, sinks) and random tangents for each (sinks' tangent f32, when the call has sinks)."""
-    q, k, v, sinks, _, _ = sweep.make_inputs(cfg, rng)
-    if sinks_value is not None:
-        sinks = sinks.at[1].set(sinks_value)
-    dtype = jnp.dtype(cfg.dtype)
-    tq, tk, tv = (jnp.asarray(rng.standard_normal(x.shape), dtype) for x in (q, k, v))
-    ts = jnp.asarray(rng.standard_normal(sinks.shape), jnp.float32) if sinks is not None else None
-    return (q, k, v, sinks), (tq, tk, tv, ts)
-
-
-def _attention(cfg, backend):
-    def f(q, k, v, sinks):
-        return flashjax.flash_attn(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
-                                   softcap=cfg.softcap, return_lse=True, backend=backend)
-    return f
-
-
-def _without_absent_sinks(primals, tangents):
-    """The arguments jax.jvp differentiates: sinks (and their tangent) only where the call has them."""
-    n = 4 if primals[3] is not None else 3
-    return primals[:n], tangents[:n]
-
-
-def _jvp(cfg, primals, tangents, backend):
-    """(out, lse), (t_out, t_lse) under jit; the reference in f32 on the same rounded values."""
-    if backend == "reference":
-        primals = tuple(x if x is None else x.astype(jnp.float32) for x in primals)
-        tangents = tuple(x if x is None else x.astype(jnp.float32) for x in tangents)
-    f = _attention(cfg, backend)
-    p, t = _without_absent_sinks(primals, tangents)
-    g = (lambda *a: f(*a)) if len(p) == 4 else (lambda q, k, v: f(q, k, v, None))
-    with warnings.catch_warnings():  # the reference backend warns that it is the reference
-        warnings.simplefilter("ignore")
-        return jax.jit(lambda p, t: jax.jvp(g, p, t))(p, t)
-
-
-def _tangent_errors(cfg, kernel, reference, skip_lse_heads=()):
-    """Special-value positions and relative errors of out, lse, t_out, t_lse; t_lse on the rows whose reference lse
-    is finite (an empty row's lse is -inf, its tangent 0 on both paths: checked apart)."""
-    (out_k, lse_k), (t_out_k, t_lse_k) = kernel
-    (out_r, lse_r), (t_out_r, t_lse_r) = reference
-    tol = sweep.TOLERANCE[cfg.dtype]
-    bad = sweep.special_value_errors("out", out_k, out_r, tol) + sweep.special_value_errors("lse", lse_k, lse_r, tol)
-    bad += sweep.special_value_errors("t_out", t_out_k, t_out_r, 2 * tol)
-    t_lse_k, t_lse_r, lse_r = (np.array(x, np.float64) for x in (t_lse_k, t_lse_r, lse_r))
-    for head in skip_lse_heads:
-        t_lse_k[:, head] = t_lse_r[:, head] = 0.0
-    empty = np.isneginf(lse_r)
-    if np.any(t_lse_k[empty] != 0.0):
-        bad.append("t_lse is not 0 on rows with no visible key")
-    bad += sweep.special_value_errors("t_lse", np.where(empty, 0.0, t_lse_k), np.where(empty, 0.0, t_lse_r), 2 * tol)
-    return bad
-
-
 def _assert_jvp_matches(cfg, rng, where, sinks_value=None, skip_lse_heads=()):
-    primals, tangents = _tangent_inputs(cfg, rng, sinks_value)
-    bad = _tangent_errors(cfg, _jvp(cfg, primals, tangents, "kernel"), _jvp(cfg, primals, tangents, "reference"),
-                          skip_lse_heads)
+    primals, tangents = sweep.make_tangent_inputs(cfg, rng, sinks_value)
+    bad = sweep.jvp_errors(cfg, sweep.run_jvp(cfg, primals, tangents, "kernel"),
+                           sweep.run_jvp(cfg, primals, tangents, "reference"), skip_lse_heads)
     assert not bad, f"{cfg} ({where}): {bad}"
 
 
@@ -194,11 +139,11 @@ def test_jacfwd_of_small_shapes_matches_the_reference(dtype):
 def test_jvp_of_grad_matches_the_reference(cfg):
     """Forward over reverse (Hessian-vector products) in q, k, v and sinks, with cotangents on out and lse."""
     rng = np.random.default_rng([SEED, 230_000])
-    primals, tangents = _tangent_inputs(cfg, rng)
+    primals, tangents = sweep.make_tangent_inputs(cfg, rng)
     _, _, _, _, d_out, d_lse = sweep.make_inputs(cfg, rng)
 
     def hvp(backend, primals, tangents):
-        f = _attention(cfg, backend)
+        f = sweep.attention(cfg, backend)
 
         def loss(*args):
             out, lse = f(*args)

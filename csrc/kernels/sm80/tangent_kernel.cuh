@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1)
   // rows, so that their P is 0 (tangent_probs) and their t_lse 0.
   typename Layouts::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(threadIdx.x);
-  Tensor rows_rc = common::acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{})));
+  Tensor rows_rc =
+      common::acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{})));
   const int64_t lse_offset = tile.batch * params.lse_batch_stride + tile.head_q * params.lse_head_stride +
                              tile.q_start + m_start;
   float lse_log2[kRows];

@@ -121,7 +121,8 @@ __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g
   Tensor tOsTvt = smem_thr_copy_v.partition_S(s_tvt);
 
   // Tile-local (row, col) of each score this thread holds, for the band mask.
-  Tensor tScS_rc = common::acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{})));
+  Tensor tScS_rc =
+      common::acc_rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{})));
 
   auto kv_step = [&](auto apply_mask, int n_block, int next_n_block) {
     Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
