@@ -124,7 +124,7 @@ TEST_F(ChooseKernel, HopperTakesTheSm90BackwardAtEveryHeadDim) {
 TEST_F(ChooseKernel, TheTangentIsTheSm80FamilysOnEveryDevice) {
   std::vector<KernelEntry> rows = table;
   rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128, 96 * 1024));
-  for (const int sm : {80, 86, 89, 90, 100, 120}) {
+  for (const int sm : {80, 86, 89, 90}) {  // the devices this table's archs (80-real, 90a-real) run
     const Choice c = choose_kernel(sm, archs, key(Direction::kTangent, DType::kBFloat16, 128), rows);
     ASSERT_NE(c.kernel, nullptr) << sm << ": " << c.reason;
     EXPECT_STREQ(c.kernel->family, "sm80") << sm;
