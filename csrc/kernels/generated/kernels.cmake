@@ -36,14 +36,12 @@ set(FLASHJAX_KERNEL_SOURCES_FULL
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim256.cu
-  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim192_smem99.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim256_smem99.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim96.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim256.cu
-  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim192_smem99.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim256_smem99.cu
 )
 set(FLASHJAX_SM90_SOURCES_FULL

@@ -23,16 +23,17 @@ constexpr int tangent_tile_smem_bytes(const TangentTileSizes& t, int head_dim) {
 // D 128, over the 255 cap before any operand fragment; 64 rows on 4 warps (16 rows a warp, 2 rows a thread) halve
 // all three, which leaves room for the operand fragments of the fused score GEMM (Q, tQ, K and tK slices). The
 // 128-row alternative (8 warps, one K / V fetch serving twice the rows) is not measured yet.
-// Keys per step: 64 while the six tiles fit, so that each step's barriers and mask work are spread over as many
-// keys as the forward's.
-//   D <= 128: 64 x 64 everywhere: 48 / 72 / 96 KB at D 64 / 96 / 128 (fits 99 KB; 2 CTAs per SM on sm90's 227 KB).
-//   D 192:    64 x 64 (144 KB) in 163 KB; 64 x 32 (96 KB) in 99 KB.
-//   D 256:    64 x 32 (128 KB) in 163 KB (64 keys would take 192 KB); 64 x 16 (96 KB) in 99 KB.
-// The O tangent accumulator is 128 f32 registers at D 256 (as in the forward's 8-warp tile), the score tiles 16
+// Keys per step: 64 up to D 128 (each step's barriers and mask work spread over as many keys as the forward's), 32
+// above: at D 192 the 64-key step needs more than 255 registers (ptxas, sm_80: 92 / 112 bytes spilled in the uncapped
+// / capped kernel and a 3840-byte stack frame; 32 keys: none); then halved while the six tiles exceed the budget.
+//   D <= 128: 64 x 64: 48 / 72 / 96 KB at D 64 / 96 / 128 (fits 99 KB; 2 CTAs per SM on sm90's 227 KB).
+//   D 192:    64 x 32: 96 KB (fits 99 KB too).
+//   D 256:    64 x 32 (128 KB) in 163 KB; 64 x 16 (96 KB) in 99 KB.
+// The output-tangent accumulator is 128 f32 registers at D 256 (as in the forward's 8-warp tile), the score tiles 16
 // (32 keys) or 8 (16 keys) each.
 template <typename Element>
 constexpr TangentTileSizes tangent_tile_sizes(int head_dim, int smem_kb) {
-  for (int block_n = 64; block_n >= 16; block_n /= 2) {
+  for (int block_n = head_dim <= 128 ? 64 : 32; block_n >= 16; block_n /= 2) {
     const TangentTileSizes tile = {64, block_n, 4};
     if (tangent_tile_smem_bytes(tile, head_dim) <= smem_kb * 1024) return tile;
   }
