@@ -67,18 +67,20 @@ class Row:
         return float(np.maximum(hi - lo + 1, 0).sum())
 
     def flops(self, direction):
-        """Matmul FLOPs: QK^T and PV, 2 each per pair and channel; backward does 5 matmuls to forward's 2."""
+        """Matmul FLOPs: QK^T and PV, 2 each per pair and channel; backward does 5 matmuls to forward's 2, and so
+        does the tangent (S, tS = tQ K^T + Q tK^T, then (P tS) V and P tV): jvp, primal + tangent, is 3.5x fwd."""
         fwd = 4.0 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim
-        return {"fwd": fwd, "bwd": 2.5 * fwd, "step": 3.5 * fwd}[direction]
+        return {"fwd": fwd, "bwd": 2.5 * fwd, "step": 3.5 * fwd, "jvp": 3.5 * fwd}[direction]
 
     def min_bytes(self, direction):
-        """HBM traffic floor: q,k,v read and o written once (bwd: q,k,v,o,do read, dq,dk,dv written), bf16.
+        """HBM traffic floor: q,k,v read and o written once (bwd: q,k,v,o,do read, dq,dk,dv written; jvp: the
+        forward's, then q,k,v,o and their tangents read, t_out written), bf16.
 
         The f32 lse (4 bytes per row, under 3% of q at D=64) is left out.
         """
         q = self.batch * self.seqlen_q * self.heads_q * self.head_dim
         kv = self.batch * self.seqlen_k * self.heads_k * self.head_dim
-        elements = 2 * q + 2 * kv if direction == "fwd" else 6 * q + 4 * kv  # o, do, dq are q-sized
+        elements = {"fwd": 2 * q + 2 * kv, "jvp": 6 * q + 6 * kv}.get(direction, 6 * q + 4 * kv)  # o, do, dq: q-sized
         return 2.0 * elements
 
 
@@ -216,11 +218,18 @@ def prepare_direction(fn, direction, sets):
 
     step times what a training step runs: one jitted jax.grad of <out, d_out> in q, k, v (the forward, its
     residuals and the backward in one executable), at the forward's plus the backward's FLOPs.
+
+    jvp times one jitted jax.jvp of the call (forward mode: the primal and its tangent, both returned), the
+    tangents being the inputs themselves (any direction costs the same), at 3.5x the forward's FLOPs (Row.flops).
     """
     if direction == "fwd":
         fwd = jax.jit(fn)
         calls = [s[:3] for s in sets]
         return fwd, calls, (jax.block_until_ready(fwd(*calls[0])),)
+    if direction == "jvp":
+        jvp = jax.jit(lambda q, k, v: jax.jvp(fn, (q, k, v), (q, k, v)))
+        calls = [s[:3] for s in sets]
+        return jvp, calls, tuple(jax.block_until_ready(jvp(*calls[0])))
     if direction == "step":
         step = jax.jit(jax.grad(lambda q, k, v, d_out: jnp.vdot(fn(q, k, v).astype(jnp.float32),
                                                                 d_out.astype(jnp.float32)), argnums=(0, 1, 2)))
@@ -315,7 +324,8 @@ def format_table(report):
     text += ["",
              "TFLOP/s = model FLOPs / median time; fwd FLOPs 4*B*Hq*pairs*D (causal: Sq*Sk/2 pairs, windows:",
              "  exact count), bwd 2.5x fwd. bwd times the jax.vjp pullback call alone: no forward in it;",
-             "  step (3.5x fwd) times one jitted jax.grad: forward and backward in one executable.",
+             "  step (3.5x fwd) times one jitted jax.grad: forward and backward in one executable;",
+             "  jvp (3.5x fwd: the forward and its 2.5x tangent) times one jitted jax.jvp, primal and tangent.",
              f"! = output (bwd: worst of dq, dk, dv) off cuDNN's (else XLA's) by relative norm > {REL_ERR_LIMIT:g}."]
     if reasons:
         text.append("- = n/a:")
@@ -363,7 +373,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"only the rows {', '.join(QUICK_ROWS)}")
     p.add_argument("--rows", default=None, help="regex; keep rows whose name it matches (re.search)")
-    p.add_argument("--dirs", type=csv, default=["fwd", "bwd"], help="fwd,bwd,step (step: one jitted jax.grad)")
+    p.add_argument("--dirs", type=csv, default=["fwd", "bwd"],
+                   help="fwd,bwd,step,jvp (step: one jitted jax.grad; jvp: one jitted jax.jvp)")
     p.add_argument("--impls", type=csv, default=list(IMPLS), help=",".join(IMPLS))
     p.add_argument("--reps", type=int, default=10, help="minimum calls per trial (raised for short calls)")
     p.add_argument("--trials", type=int, default=7, help="timed trials; the median is reported")
@@ -379,7 +390,7 @@ def parse_args(argv):
     p.add_argument("--hdims", type=ints, default=[64, 128, 256])
     p.add_argument("--seqlens", type=ints, default=[512, 1024, 2048, 4096, 8192, 16384])
     args = p.parse_args(argv)
-    bad = [d for d in args.dirs if d not in ("fwd", "bwd", "step")] + [i for i in args.impls if i not in IMPLS]
+    bad = [d for d in args.dirs if d not in ("fwd", "bwd", "step", "jvp")] + [i for i in args.impls if i not in IMPLS]
     if bad:
         p.error(f"unknown --dirs/--impls entries {bad}")
     return args

@@ -6,11 +6,12 @@
 # see it).
 # Usage: tools/check_compile.sh FAMILY DIRECTION [bf16|fp16] [head_dim[:smem_kb] ...]
 #   e.g. tools/check_compile.sh sm80 bwd bf16 64 128 128:99   (128:99: the sm80 row whose tiles fit 99 KB; a plain
-#   head dim is the family's first budget, gen_kernels.py's SMEM_BUDGETS)
+#   head dim is the family's first budget, gen_kernels.py's SMEM_BUDGETS); tools/check_compile.sh sm80 tangent bf16
+#   64 256 256:99 for the tangent kernel (jax.jvp)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 family="${1:?family (sm80, sm90)}"
-direction="${2:?direction (fwd, bwd)}"
+direction="${2:?direction (fwd, bwd, tangent: the sm80 family only)}"
 dtype="${3:-bf16}"
 shift $(( $# < 3 ? $# : 3 ))
 head_dims=("$@")

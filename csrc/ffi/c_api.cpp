@@ -52,7 +52,9 @@ std::string build_info_json() {
   for (const std::string& a : flashjax::compiled_archs()) archs += (archs.empty() ? "\"" : ", \"") + a + "\"";
   for (const flashjax::KernelEntry& e : flashjax::kernel_table()) {
     kernels += std::string(kernels.empty() ? "" : ", ") + "{\"family\": \"" + e.family + "\", \"direction\": \"" +
-               (e.direction == flashjax::Direction::kFwd ? "fwd" : "bwd") + "\", \"dtype\": \"" +
+               (e.direction == flashjax::Direction::kFwd   ? "fwd"
+                : e.direction == flashjax::Direction::kBwd ? "bwd"
+                                                           : "tangent") + "\", \"dtype\": \"" +
                dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) +
                ", \"smem_bytes\": " + std::to_string(e.smem_bytes) +
                ", \"arch_specific\": " + (e.arch_specific ? "true" : "false") +

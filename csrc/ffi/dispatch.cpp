@@ -13,7 +13,9 @@ int family_min_sm(std::string_view family) {
 }
 
 const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
-const char* direction_name(Direction d) { return d == Direction::kFwd ? "forward" : "backward"; }
+const char* direction_name(Direction d) {
+  return d == Direction::kFwd ? "forward" : d == Direction::kBwd ? "backward" : "tangent";
+}
 
 // Bytes as KB (1024 bytes), with one decimal where it is not whole: "160 KB", "99 KB", "47.5 KB".
 std::string kb(int64_t bytes) {
@@ -97,6 +99,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Varlen runs on the portable sm80 family on every arch, forward and backward (sm90 included, until its kernels
   // take packed sequences).
   constexpr std::string_view kVarlenFamily = "sm80";
+  if (problem.varlen && problem.direction == Direction::kTangent) {
+    choice.reason = "no tangent kernel implements varlen (packed) attention yet (the sm80 forward and backward do)";
+    return choice;
+  }
   if (problem.mask_mod) {
     choice.reason = "no kernel implements mask_mod yet";
     return choice;
@@ -158,7 +164,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
                     (problem.varlen ? " (varlen: the sm80 family on every device, forward and backward; varlen is "
                                       "not on the sm90 kernels yet)"
-                                    : " (the newest family this sm_" + std::to_string(device_sm) + " device runs)");
+                     : problem.direction == Direction::kTangent
+                         ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "
+                           "tangent kernel yet)"
+                         : " (the newest family this sm_" + std::to_string(device_sm) + " device runs)");
     if (too_big != nullptr && family_min_sm(too_big->family) > family_min_sm(choice.kernel->family)) {
       choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +
                        " of shared memory per block, more than sm_" + std::to_string(device_sm) + " allows (" +

@@ -13,7 +13,8 @@
 
 namespace flashjax {
 
-enum class Direction : int32_t { kFwd = 0, kBwd = 1 };
+// kTangent: the forward-mode derivative (t_out, t_lse) of a forward (jax.jvp; TangentParams).
+enum class Direction : int32_t { kFwd = 0, kBwd = 1, kTangent = 2 };
 
 struct KernelEntry {
   const char* family;  // "sm80": the arch family the kernel is written for (its minimum compute capability)

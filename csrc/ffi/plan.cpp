@@ -26,6 +26,7 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
 // varlen: shape.batch is the sequence count N and seqlen_q the token count Tq (problem_of's convention).
 std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
                                           bool deterministic, bool varlen) {
+  if (direction == Direction::kTangent) return {};  // the tangent kernel needs no workspace
   if (direction == Direction::kFwd) {
     if (num_splits <= 1) return {};
     return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
@@ -151,6 +152,7 @@ Plan plan_call(const Problem& problem, const DeviceProps& device, const std::vec
   if (plan.device.smem_per_block_optin <= 0) plan.device.smem_per_block_optin = max_smem_per_block_optin(device.sm);
   plan.fwd = plan_pass(Direction::kFwd, problem, plan.device, table, compiled_archs, true);
   plan.bwd = plan_pass(Direction::kBwd, problem, plan.device, table, compiled_archs, true);
+  plan.tangent = plan_pass(Direction::kTangent, problem, plan.device, table, compiled_archs, true);
   plan.reason = plan.fwd.kernel == nullptr ? plan.fwd.reason
                 : plan.bwd.kernel == nullptr ? plan.bwd.reason
                                              : plan.fwd.reason;
@@ -162,7 +164,8 @@ std::string plan_json(const Plan& plan) {
          ", \"head_dim\": " + std::to_string(plan.head_dim) + ", \"device\": {\"sm\": " +
          std::to_string(plan.device.sm) + ", \"smem_per_block_optin\": " +
          std::to_string(plan.device.smem_per_block_optin) + ", \"num_sms\": " + std::to_string(plan.device.num_sms) +
-         "}, \"fwd\": " + pass_json(plan.fwd) + ", \"bwd\": " + pass_json(plan.bwd) + "}";
+         "}, \"fwd\": " + pass_json(plan.fwd) + ", \"bwd\": " + pass_json(plan.bwd) +
+         ", \"tangent\": " + pass_json(plan.tangent) + "}";
 }
 
 }  // namespace flashjax

@@ -64,6 +64,9 @@ struct Plan {
   int32_t head_dim = 0;  // the compiled width the call is padded to; 0 when no kernel width holds it
   DeviceProps device;    // as planned for, with the shared-memory limit resolved
   PassPlan fwd, bwd;
+  // forward-mode (jax.jvp): the tangent pass. Not part of runs(): without a tangent kernel the lowering evaluates the
+  // reference's tangent instead (primitives.py), so a call's forward and backward still run on kernels.
+  PassPlan tangent;
   // A call takes the kernels only when both passes have one: a traced forward may be differentiated later.
   bool runs() const { return fwd.kernel != nullptr && bwd.kernel != nullptr; }
   std::string reason;  // why it runs the kernels (the forward's reason) or the reference (the first refusal)

@@ -24,6 +24,7 @@ BWD_TARGET = "flashjax_bwd"
 BWD_DETERMINISTIC_TARGET = "flashjax_bwd_deterministic"  # deterministic=True: with the dq ordering counters
 FWD_VARLEN_TARGET = "flashjax_fwd_varlen"  # packed sequences (varlen_kernel.py)
 BWD_VARLEN_TARGET = "flashjax_bwd_varlen"
+TANGENT_TARGET = "flashjax_tangent"  # forward mode: the tangent primitive (primitives.py)
 
 # flashjax::DType's values (csrc/include/flashjax/params.h).
 DTYPE = {"float16": 0, "bfloat16": 1}
@@ -92,7 +93,7 @@ def plan(*, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, 
          varlen: bool = False, mask_mod: bool = False, deterministic: bool = False, num_splits: int = 0,
          device_sm: int, num_sms: int = 0) -> dict:
     """The library's plan of a call (csrc/ffi/plan.h: the function the FFI handlers also ask): whether the kernels
-    run it ("runs", "reason"), the compiled head width, and per pass ("fwd", "bwd") the family and the shared memory
+    run it ("runs", "reason"), the compiled head width, and per pass ("fwd", "bwd", "tangent") the family and the shared memory
     per block of its row ("smem_bytes", 0 where no kernel runs), its tile, GQA packing and key-split choices with their
     reasons, and the workspace shapes of the pass's FFI call. head_dim is the call's
     own width; dtype a numpy name ("bfloat16", "float16"); num_sms 0 when unknown (then no call splits by rule)."""
@@ -127,7 +128,7 @@ def register_targets() -> None:
     """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""
     lib = library()
     for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
-                 BWD_VARLEN_TARGET):
+                 BWD_VARLEN_TARGET, TANGENT_TARGET):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
 
 

@@ -524,4 +524,8 @@ def explain(q, k, v, *args, varlen=False, device_sm=None, **keywords) -> str:
         bwd = plan["bwd"]
         details += f"; forward {fwd['tile_reason']}; backward: {bwd['reason']}"
         details += f", {bwd['tile_reason']}" if bwd["tile_reason"] else ""
+        tangent = plan.get("tangent")
+        if tangent is not None:  # forward mode: the reference's tangent where no kernel has it (primitives.py)
+            details += (f"; tangent (jax.jvp): {tangent['reason']}, {tangent['tile_reason']}" if tangent["family"]
+                        else f"; tangent (jax.jvp): the reference's ({tangent['reason']})")
     return f"{shape}: {path} ({reason}{details})"

@@ -5,8 +5,10 @@
     bwd(q, k, v, out, lse, d_out, d_lse, sinks)         -> (dq, dk, dv, dsinks)
 
 fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
-backward kernels only, and jax.jvp evaluates `tangent` (its fused kernel is a later issue: until then its lowering
-raises). Not jax.custom_vjp, which would forbid forward mode. Inputs reach these primitives already validated
+backward kernels only, and jax.jvp evaluates `tangent` (the fused sm80 tangent kernel, flashjax_tangent, where the plan
+has one for the call; the reference's tangent otherwise). bwd's JVP rule (jvp of grad: forward-over-reverse) takes the
+primal from the backward kernel and the tangent from the reference backward's JVP. Not jax.custom_vjp, which would
+forbid forward mode. Inputs reach these primitives already validated
 and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False
 (the CUDA lowering then leaves it out of the FFI call, as it does bwd's dlse when has_dlse is False). The
 workspace of a kernel (the split forward's parts, the backward's accumulators) exists only inside the CUDA lowering,
@@ -145,10 +147,20 @@ def _bwd_lowering(ctx, *args, **params):
                      workspace=_workspace_avals(bwd["workspace"]))
 
 
+# The FFI operand order of the tangent target: the required operands first, then the optional (sinks, tsinks).
+_TANGENT_FFI_ORDER = (0, 1, 2, 4, 5, 6, 7, 8, 3, 9)  # q, k, v, out, lse, tq, tk, tv, sinks, ts
+
+
 def _tangent_lowering(ctx, *args, **params):
-    raise NotImplementedError(
-        "flashjax: forward-mode differentiation (jax.jvp / jax.linearize evaluated) has no kernel yet; "
-        "call flash_attn(..., backend='reference') for forward mode. Reverse mode (jax.grad/vjp) runs the kernels.")
+    """The tangent's FFI call (flashjax_tangent: the sm80 tangent kernel, design §3.6) where the plan has a tangent
+    kernel for the call; else the reference's tangent, lowered in its place, so that jax.jvp of a kernel call always
+    runs (the primal and the reverse mode stay on their kernels either way)."""
+    plan = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)
+    if plan.get("tangent", {}).get("family") is None:
+        return mlir.lower_fun(_reference_tangent, multiple_results=True)(ctx, *args, **params)
+    ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in _TANGENT_FFI_ORDER])
+    return _ffi_call(_ffi.TANGENT_TARGET, ctx, [args[i] for i in _TANGENT_FFI_ORDER], {8: "has_sinks", 9: "has_sinks"},
+                     params)
 
 
 mlir.register_lowering(fwd_local_p, _fwd_lowering, platform="cuda")
@@ -189,7 +201,19 @@ def _guard_jvp(primals, tangents):
     return varlen_guard_p.bind(*primals), list(tangents)
 
 
+def _bwd_jvp(primals, tangents, **params):
+    """jvp of the backward (jax.jvp of jax.grad: forward-over-reverse Hessian-vector products). The gradients are the
+    backward kernel's; their tangent is the JVP of the reference backward (reference.attention_vjp, the kernels'
+    contract on given out and lse), evaluated by XLA: no second-order kernel exists. The tangents of out and lse that
+    reach it come from the tangent kernel (fwd's JVP rule)."""
+    grads = bwd_p.bind(*primals, **params)
+    tangents = [ad.instantiate_zeros(t) for t in tangents]
+    _, t_grads = jax.jvp(functools.partial(_reference_bwd, **params), tuple(primals), tuple(tangents))
+    return grads, list(t_grads)
+
+
 ad.primitive_jvps[fwd_p] = _fwd_jvp
+ad.primitive_jvps[bwd_p] = _bwd_jvp
 ad.primitive_transposes[tangent_p] = _tangent_transpose
 ad.primitive_jvps[varlen_guard_p] = _guard_jvp
 

@@ -120,6 +120,28 @@ TEST_F(ChooseKernel, HopperTakesTheSm90BackwardAtEveryHeadDim) {
   }
 }
 
+// The tangent (jax.jvp) is the sm80 family's on every device, Hopper included; explain says so; varlen is refused.
+TEST_F(ChooseKernel, TheTangentIsTheSm80FamilysOnEveryDevice) {
+  std::vector<KernelEntry> rows = table;
+  rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128, 96 * 1024));
+  for (const int sm : {80, 86, 89, 90}) {  // the devices this table's archs (80-real, 90a-real) run
+    const Choice c = choose_kernel(sm, archs, key(Direction::kTangent, DType::kBFloat16, 128), rows);
+    ASSERT_NE(c.kernel, nullptr) << sm << ": " << c.reason;
+    EXPECT_STREQ(c.kernel->family, "sm80") << sm;
+    EXPECT_EQ(c.kernel->direction, Direction::kTangent);
+    EXPECT_NE(c.reason.find("sm80 tangent kernel, bf16, head dim 128"), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find("no sm90 tangent kernel yet"), std::string::npos) << c.reason;
+  }
+  ProblemKey varlen = key(Direction::kTangent, DType::kBFloat16, 128);
+  varlen.varlen = true;
+  const Choice refused = choose_kernel(90, archs, varlen, rows);
+  EXPECT_EQ(refused.kernel, nullptr);
+  EXPECT_NE(refused.reason.find("no tangent kernel implements varlen"), std::string::npos) << refused.reason;
+  const Choice missing = choose_kernel(90, archs, key(Direction::kTangent, DType::kFloat16, 128), rows);
+  EXPECT_EQ(missing.kernel, nullptr);
+  EXPECT_NE(missing.reason.find("no tangent kernel for fp16 head dim 128"), std::string::npos) << missing.reason;
+}
+
 TEST_F(ChooseKernel, MatchesDirectionDtypeAndHeadDim) {
   const Choice bwd = choose_kernel(90, archs, key(Direction::kBwd, DType::kBFloat16, 128), table);
   ASSERT_NE(bwd.kernel, nullptr);

@@ -11,6 +11,7 @@
 #include "ffi/dispatch.h"
 #include "kernels/sm80/bwd_launch.cuh"
 #include "kernels/sm80/fwd_launch.cuh"
+#include "kernels/sm80/tangent_launch.cuh"
 
 namespace flashjax {
 namespace {
@@ -18,7 +19,7 @@ namespace {
 constexpr int kKB = 1024;
 constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
 constexpr DType kDtypes[] = {DType::kBFloat16, DType::kFloat16};
-constexpr Direction kDirections[] = {Direction::kFwd, Direction::kBwd};
+constexpr Direction kDirections[] = {Direction::kFwd, Direction::kBwd, Direction::kTangent};
 
 // The full set's sm80 rows (the sm90 ones are behind FLASHJAX_HAS_SM90, which this file leaves undefined).
 const std::vector<KernelEntry>& sm80_rows() {
@@ -42,7 +43,8 @@ std::vector<const KernelEntry*> rows_of(Direction direction, DType dtype, int he
 }
 
 std::string what(Direction direction, DType dtype, int head_dim) {
-  return std::string(direction == Direction::kFwd ? "fwd" : "bwd") + (dtype == DType::kFloat16 ? " fp16" : " bf16") +
+  const char* name = direction == Direction::kFwd ? "fwd" : direction == Direction::kBwd ? "bwd" : "tangent";
+  return std::string(name) + (dtype == DType::kFloat16 ? " fp16" : " bf16") +
          " D " + std::to_string(head_dim);
 }
 
@@ -99,7 +101,7 @@ TEST(Sm80Tiles, A99KbRowExistsOnlyWhereThe163KbTilesDoNotFit) {
 }
 
 TEST(Sm80Tiles, TheFiguresAreTheTileFunctionsOwn) {
-  // What the comments of fwd_tile_sizes.cuh / bwd_tile_sizes.cuh say, row by row.
+  // What the comments of fwd_tile_sizes.cuh / bwd_tile_sizes.cuh / tangent_tile_sizes.cuh say, row by row.
   struct Expect {
     Direction d;
     int hdim, kb, block_m, block_n;
@@ -110,6 +112,11 @@ TEST(Sm80Tiles, TheFiguresAreTheTileFunctionsOwn) {
       {Direction::kBwd, 64, 96, 64, 128},  {Direction::kBwd, 96, 128, 64, 128}, {Direction::kBwd, 96, 88, 64, 64},
       {Direction::kBwd, 128, 160, 64, 128}, {Direction::kBwd, 128, 96, 64, 64}, {Direction::kBwd, 192, 160, 64, 64},
       {Direction::kBwd, 192, 92, 32, 64},  {Direction::kBwd, 256, 144, 64, 64}, {Direction::kBwd, 256, 96, 64, 32},
+      // tangent_tile_sizes.cuh
+      {Direction::kTangent, 64, 48, 64, 64},  {Direction::kTangent, 96, 72, 64, 64},
+      {Direction::kTangent, 128, 96, 64, 64}, {Direction::kTangent, 192, 96, 64, 32},
+      {Direction::kTangent, 256, 128, 64, 32},
+      {Direction::kTangent, 256, 96, 64, 16},
   };
   for (const Expect& x : expected) {
     bool found = false;

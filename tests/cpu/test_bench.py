@@ -126,20 +126,23 @@ def test_floors_table(bench):
     assert len(lines) == 4 and lines[2].startswith("| d128-s4096-full |")
 
 
-def test_step_times_one_jitted_grad(bench):
-    """--dirs step: forward + backward in one jax.grad, at 3.5x the forward's FLOPs, checked like the others."""
+@pytest.mark.parametrize("direction", ["step", "jvp"])
+def test_step_and_jvp_time_one_jitted_call(bench, direction):
+    """--dirs step: forward + backward in one jax.grad (3.5x the forward's FLOPs: fwd + bwd); --dirs jvp: one jax.jvp,
+    primal and tangent (3.5x: the forward and its 2.5x tangent); each checked like the other directions."""
     real_attention_fn = bench.attention_fn
     bench.attention_fn = lambda impl, row, backend: (
         (lambda q, k, v: real_attention_fn("xla", row, backend)(q, k, v) * 1.1) if impl == "flashjax"
         else real_attention_fn(impl, row, backend))
     try:
         with contextlib.redirect_stdout(io.StringIO()) as stdout:
-            report = bench.main(TINY + ["--rows", "d16-s32-causal", "--dirs", "step", "--impls", "xla,flashjax"])
+            report = bench.main(TINY + ["--rows", "d16-s32-causal", "--dirs", direction, "--impls", "xla,flashjax"])
     finally:
         bench.attention_fn = real_attention_fn
     (entry,) = report["rows"]
-    cells = entry["results"]["step"]
+    cells = entry["results"][direction]
     assert cells["xla"]["ms"] > 0 and cells["flashjax"]["wrong"] and cells["flashjax"]["rel_err"] > 0.05
     row = bench.select_rows(bench.parse_args(TINY + ["--rows", "d16-s32-causal"]))[0]
-    assert row.flops("step") == pytest.approx(row.flops("fwd") + row.flops("bwd"))
-    assert "step:xla" in stdout.getvalue()
+    assert row.flops(direction) == pytest.approx(row.flops("fwd") + row.flops("bwd"))  # both 3.5x the forward
+    assert row.min_bytes(direction) > row.min_bytes("fwd")
+    assert f"{direction}:xla" in stdout.getvalue()

@@ -27,10 +27,10 @@ def test_build_info_describes_the_build():
                      "FLASHJAX_SM90_MAX_CTAS", "FLASHJAX_SM90_PDL", "FLASHJAX_SMEM_LIMIT_KB"]
     assert all(s["meaning"] and s["value"] == os.environ.get(s["name"], "") for s in info["settings"])
     for kernel in info["kernels"]:
-        assert kernel["direction"] in ("fwd", "bwd") and kernel["dtype"] in ("fp16", "bf16")
+        assert kernel["direction"] in ("fwd", "bwd", "tangent") and kernel["dtype"] in ("fp16", "bf16")
         assert kernel["head_dim"] in (64, 96, 128, 192, 256)
     if info["kernel_set"] == "ci":
-        expected = {("sm80", "fwd"), ("sm80", "bwd")}
+        expected = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent")}
         if any(a.startswith("90a") for a in info["cuda_archs"]):  # the Hopper family compiles for sm_90a only
             expected |= {("sm90", "fwd"), ("sm90", "bwd")}
         assert {(k["family"], k["direction"]) for k in info["kernels"]} == expected
@@ -82,6 +82,25 @@ def test_the_plan_answers_with_reasons():
             assert family == "sm80" and "sm80" in reason
 
 
+def test_the_tangent_is_the_sm80_familys_on_every_gpu():
+    # Forward mode (issue 39): the sm80 tangent kernel on every device with its code, Hopper included; varlen refused.
+    info = _ffi.build_info()
+    compiled = any(k["family"] == "sm80" and k["direction"] == "tangent" and k["dtype"] == "bf16"
+                   and k["head_dim"] == 64 for k in info["kernels"])
+    for sm in (80, 86, 89, 90, 100, 120):
+        tangent = _plan(sm)["tangent"]
+        assert tangent["workspace"] == []
+        if tangent["family"] is None:  # only where the build lacks the row or code for the device
+            assert not compiled or "holds no code for" in tangent["reason"], (sm, tangent)
+        else:
+            assert tangent["family"] == "sm80", (sm, tangent)
+            assert tangent["reason"].startswith("sm80 tangent kernel, bf16, head dim 64"), tangent["reason"]
+            assert "no sm90 tangent kernel yet" in tangent["reason"]
+            assert tangent["block_m"] == 64 and tangent["block_n"] == 64, tangent
+    varlen = _plan(90, varlen=True)["tangent"]
+    assert varlen["family"] is None and "no tangent kernel implements varlen" in varlen["reason"], varlen
+
+
 def test_the_plan_names_the_family_of_the_row_it_picks():
     # explain() learns the family from the plan's field, never from the reason's wording.
     info = _ffi.build_info()
@@ -131,7 +150,7 @@ def test_the_plan_refuses_a_mismatched_struct():
 
 
 DTYPE_NAME = {"bf16": "bfloat16", "fp16": "float16"}
-DIRECTION_NAME = {"fwd": "forward", "bwd": "backward"}
+DIRECTION_NAME = {"fwd": "forward", "bwd": "backward", "tangent": "tangent"}
 FAMILY_SM = {"sm80": 80, "sm90": 90}
 
 

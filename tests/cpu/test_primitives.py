@@ -119,6 +119,37 @@ def test_jvp_runs_tangent_and_matches_reference():
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
 
+def test_jvp_of_grad_runs_the_backward_and_matches_reference():
+    # Forward over reverse: bwd's JVP rule (the backward's gradients, the reference backward's JVP as their tangent).
+    params = _params()
+    args, tangents, cts = _inputs(14), _inputs(15), _cotangents(14)
+    got = jax.jvp(jax.grad(_loss_prim(params, *cts), argnums=(0, 1, 2, 3)), args, tangents)[1]
+    want = jax.jvp(jax.grad(_loss_ref(params, *cts), argnums=(0, 1, 2, 3)), args, tangents)[1]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("has_sinks", [False, True])
+def test_cuda_lowering_of_the_tangent(monkeypatch, has_sinks):
+    # Where the plan has a tangent kernel (here: planned for an A100), jvp lowers to flashjax_tangent with q, k, v, o,
+    # lse, tq, tk, tv [, sinks, tsinks]; where it has none (no GPU to plan for), to the reference's tangent.
+    from flashjax import _ffi
+    monkeypatch.setattr(primitives._ffi, "register_targets", lambda: None)
+    params = _params(has_sinks)
+    q, k, v, s = (x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in _inputs(16))
+    # A fresh function per lowering: jit would reuse the first lowering for the second device.
+    jvp = lambda: lambda *a: jax.jvp(lambda *p: primitives.forward(*p, **params), a, a)[1]
+    if not _ffi.available():
+        pytest.skip("libflashjax.so not built")
+    monkeypatch.setattr(primitives._ffi, "default_device", lambda: None)
+    assert "flashjax_tangent" not in _cuda_ffi_operand_counts(jvp(), q, k, v, s)
+    monkeypatch.setattr(primitives._ffi, "default_device", lambda: (80, 108))
+    plan = primitives.lowering_plan(q, k, **params)
+    if plan["tangent"]["family"] is None:
+        pytest.skip(f"no tangent kernel for this call in the build: {plan['tangent']['reason']}")
+    assert _cuda_ffi_operand_counts(jvp(), q, k, v, s)["flashjax_tangent"] == [8 + 2 * has_sinks]
+
+
 def test_bwd_outputs_are_the_gradients():
     # The backward's workspace exists only inside its CUDA lowering (test_library.py checks it there): the primitive
     # returns the gradients and nothing else, so vmap and autodiff never see workspace shapes.

@@ -1,5 +1,5 @@
-"""A short kernel run through JAX for compute-sanitizer's memcheck: fixed ragged configs, forward and backward, and
-varlen forwards and backwards with well-formed and malformed offsets.
+"""A short kernel run through JAX for compute-sanitizer's memcheck: fixed ragged configs, forward and backward, the
+tangent (jax.jvp) of each, and varlen forwards and backwards with well-formed and malformed offsets.
 
 Run as: compute-sanitizer --tool memcheck --kernel-name kns=flashjax python tests/gpu/sanitize.py
 racecheck crashes on a JAX process; it and synccheck (and memcheck again) run on tests/sanitize's C++ driver,
@@ -81,8 +81,21 @@ def run_varlen():
     return failures
 
 
+def run_tangents():
+    """jax.jvp on the tangent kernel (issue 39) for each config, random tangents for q, k, v and sinks."""
+    failures = 0
+    for i, cfg in enumerate(CONFIGS):
+        rng = np.random.default_rng(200 + i)
+        primals, tangents = sweep.make_tangent_inputs(cfg, rng)
+        bad = sweep.jvp_errors(cfg, sweep.run_jvp(cfg, primals, tangents, "kernel"),
+                               sweep.run_jvp(cfg, primals, tangents, "reference"))
+        print(f"jvp {cfg}: {'ok' if not bad else bad}")
+        failures += bool(bad)
+    return failures
+
+
 def main():
-    failures = run_varlen()
+    failures = run_varlen() + run_tangents()
     for i, cfg in enumerate(CONFIGS):
         rng = np.random.default_rng(i)
         inputs = sweep.make_inputs(cfg, rng)

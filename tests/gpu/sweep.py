@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -177,4 +178,78 @@ def check(cfg: Config, errors: dict[str, float]) -> list[str]:
         limit = tol if name in ("out", "lse") else 2 * tol
         if not err <= limit:  # NaN never passes
             bad.append(f"{name} rel err {err:.3g} > {limit:g}")
+    return bad
+
+
+def special_value_errors(name, got, want, limit, denominator=None):
+    """Where `got` differs from `want` in its NaN or +-inf positions, or in its finite entries beyond `limit`."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return [f"{name}: shape {got.shape} != {want.shape}"]
+    bad = []
+    for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        differ = test(got) != test(want)
+        if differ.any():
+            bad.append(f"{name}: {what} at {int(differ.sum())} entries where the reference differs (first at "
+                       f"{tuple(int(i) for i in np.argwhere(differ)[0])}: got {got[differ][0]}, want {want[differ][0]})")
+    finite = np.isfinite(want) & np.isfinite(got)
+    err = rel_err(got[finite], want[finite], denominator)
+    if not err <= limit:
+        bad.append(f"{name}: finite entries rel err {err:.3g} > {limit:g}")
+    return bad
+
+
+# ------------------------------------------------------------------------- forward mode (tests/gpu/test_jvp.py)
+def make_tangent_inputs(cfg, rng, sinks_value=None):
+    """Primals (q, k, v, sinks) and random tangents for each (sinks' tangent f32, when the call has sinks)."""
+    q, k, v, sinks, _, _ = make_inputs(cfg, rng)
+    if sinks_value is not None:
+        sinks = sinks.at[1].set(sinks_value)
+    dtype = jnp.dtype(cfg.dtype)
+    tq, tk, tv = (jnp.asarray(rng.standard_normal(x.shape), dtype) for x in (q, k, v))
+    ts = jnp.asarray(rng.standard_normal(sinks.shape), jnp.float32) if sinks is not None else None
+    return (q, k, v, sinks), (tq, tk, tv, ts)
+
+
+def attention(cfg, backend):
+    def f(q, k, v, sinks):
+        return flashjax.flash_attn(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
+                                   softcap=cfg.softcap, return_lse=True, backend=backend)
+    return f
+
+
+def _without_absent_sinks(primals, tangents):
+    """The arguments jax.jvp differentiates: sinks (and their tangent) only where the call has them."""
+    n = 4 if primals[3] is not None else 3
+    return primals[:n], tangents[:n]
+
+
+def run_jvp(cfg, primals, tangents, backend):
+    """(out, lse), (t_out, t_lse) under jit; the reference in f32 on the same rounded values."""
+    if backend == "reference":
+        primals = tuple(x if x is None else x.astype(jnp.float32) for x in primals)
+        tangents = tuple(x if x is None else x.astype(jnp.float32) for x in tangents)
+    f = attention(cfg, backend)
+    p, t = _without_absent_sinks(primals, tangents)
+    g = (lambda *a: f(*a)) if len(p) == 4 else (lambda q, k, v: f(q, k, v, None))
+    with warnings.catch_warnings():  # the reference backend warns that it is the reference
+        warnings.simplefilter("ignore")
+        return jax.jit(lambda p, t: jax.jvp(g, p, t))(p, t)
+
+
+def jvp_errors(cfg, kernel, reference, skip_lse_heads=()):
+    """Special-value positions and relative errors of out, lse, t_out, t_lse; t_lse on the rows whose reference lse
+    is finite (an empty row's lse is -inf, its tangent 0 on both paths: checked apart)."""
+    (out_k, lse_k), (t_out_k, t_lse_k) = kernel
+    (out_r, lse_r), (t_out_r, t_lse_r) = reference
+    tol = TOLERANCE[cfg.dtype]
+    bad = special_value_errors("out", out_k, out_r, tol) + special_value_errors("lse", lse_k, lse_r, tol)
+    bad += special_value_errors("t_out", t_out_k, t_out_r, 2 * tol)
+    t_lse_k, t_lse_r, lse_r = (np.array(x, np.float64) for x in (t_lse_k, t_lse_r, lse_r))
+    for head in skip_lse_heads:
+        t_lse_k[:, head] = t_lse_r[:, head] = 0.0
+    empty = np.isneginf(lse_r)
+    if np.any(t_lse_k[empty] != 0.0):
+        bad.append("t_lse is not 0 on rows with no visible key")
+    bad += special_value_errors("t_lse", np.where(empty, 0.0, t_lse_k), np.where(empty, 0.0, t_lse_r), 2 * tol)
     return bad

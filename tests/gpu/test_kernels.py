@@ -588,24 +588,6 @@ SPECIAL_SINK_CASES = [
 SPECIAL_SINK_HEAD = 1
 
 
-def _special_value_errors(name, got, want, limit, denominator=None):
-    """Where `got` differs from `want` in its NaN or +-inf positions, or in its finite entries beyond `limit`."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape:
-        return [f"{name}: shape {got.shape} != {want.shape}"]
-    bad = []
-    for what, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
-        differ = test(got) != test(want)
-        if differ.any():
-            bad.append(f"{name}: {what} at {int(differ.sum())} entries where the reference differs (first at "
-                       f"{tuple(int(i) for i in np.argwhere(differ)[0])}: got {got[differ][0]}, want {want[differ][0]})")
-    finite = np.isfinite(want) & np.isfinite(got)
-    err = sweep.rel_err(got[finite], want[finite], denominator)
-    if not err <= limit:
-        bad.append(f"{name}: finite entries rel err {err:.3g} > {limit:g}")
-    return bad
-
-
 @pytest.mark.parametrize("kind", ["-inf", "+inf", "nan"])
 @pytest.mark.parametrize("cfg", SPECIAL_SINK_CASES, ids=str)
 def test_infinite_and_nan_sinks_traced(cfg, kind):
@@ -617,12 +599,12 @@ def test_infinite_and_nan_sinks_traced(cfg, kind):
     reference = sweep.run(cfg, inputs, "reference")
     out_r, lse_r, grads_r = reference
     tol = sweep.TOLERANCE[cfg.dtype]
-    bad = _special_value_errors("out", out_k, out_r, tol) + _special_value_errors("lse", lse_k, lse_r, tol)
+    bad = sweep.special_value_errors("out", out_k, out_r, tol) + sweep.special_value_errors("lse", lse_k, lse_r, tol)
     for name, g_k, g_r in zip(("dq", "dk", "dv"), grads_k, grads_r):
-        bad += _special_value_errors(name, g_k, g_r, 2 * tol)
+        bad += sweep.special_value_errors(name, g_k, g_r, 2 * tol)
     scale = sweep.dsinks_scale(cfg, inputs, reference)
     heads = np.isfinite(scale) & np.isfinite(np.asarray(grads_r[3]))
-    bad += _special_value_errors("dsinks", grads_k[3], grads_r[3], 2 * tol, np.linalg.norm(scale[heads]) or None)
+    bad += sweep.special_value_errors("dsinks", grads_k[3], grads_r[3], 2 * tol, np.linalg.norm(scale[heads]) or None)
     assert not bad, f"{cfg}, sink {kind} at head {SPECIAL_SINK_HEAD} (seed {SEED}): {bad}"
 
 
@@ -777,12 +759,6 @@ def test_two_shapes_in_one_process():
         got = flashjax.flash_attn(q, k, v, backend="kernel")
         want = flashjax.flash_attn(*(x.astype(jnp.float32) for x in (q, k, v)), backend="reference")
         assert sweep.rel_err(got, want) < 1e-2
-
-
-def test_jvp_on_kernel_path_names_the_way_out():
-    q, k, v = _inputs(4, sq=64, sk=64)
-    with pytest.raises(Exception, match="backend='reference'"):
-        jax.jvp(lambda q: flashjax.flash_attn(q, k, v, backend="kernel"), (q,), (q,))
 
 
 def test_output_is_deterministic_run_to_run():

@@ -48,7 +48,8 @@ def _rows_for_99_kb():
     """Whether every width has sm80 rows of both directions that fit 99 KB, for both dtypes (the full kernel set)."""
     fits = {(k["direction"], k["dtype"], k["head_dim"]) for k in _ffi.build_info()["kernels"]
             if k["family"] == "sm80" and k["smem_bytes"] <= CAP_KB * 1024}
-    return all((d, t, w) in fits for d in ("fwd", "bwd") for t in ("bf16", "fp16") for w in (64, 96, 128, 192, 256))
+    return all((d, t, w) in fits for d in ("fwd", "bwd", "tangent") for t in ("bf16", "fp16")
+               for w in (64, 96, 128, 192, 256))
 
 
 def _check_plan(cfg, device_sm):
@@ -58,7 +59,7 @@ def _check_plan(cfg, device_sm):
                      softcap=cfg.softcap, has_sinks=cfg.sinks, device_sm=device_sm)
     assert plan["runs"], f"{cfg}: {plan['reason']}"
     assert plan["device"]["smem_per_block_optin"] <= CAP_KB * 1024, plan["device"]
-    for direction in ("fwd", "bwd"):
+    for direction in ("fwd", "bwd", "tangent"):
         assert plan[direction]["family"] == "sm80", f"{cfg} {direction}: {plan[direction]['reason']}"
         assert 0 < plan[direction]["smem_bytes"] <= CAP_KB * 1024, f"{cfg} {direction}: {plan[direction]}"
     return plan
@@ -70,10 +71,15 @@ def _small_tile_cases():
     assert device is not None
     settings = {s["name"]: s["value"] for s in _ffi.build_info()["settings"]}
     assert settings["FLASHJAX_SMEM_LIMIT_KB"] == str(CAP_KB), settings
-    tiles = set()
+    tiles, tangent_tiles = set(), set()
     for i, cfg in enumerate(CASES):
         plan = _check_plan(cfg, device[0])
         tiles.add((plan["head_dim"], plan["bwd"]["block_m"], plan["bwd"]["block_n"]))
+        tangent_tiles.add((plan["head_dim"], plan["tangent"]["block_m"], plan["tangent"]["block_n"]))
+        primals, tangents = sweep.make_tangent_inputs(cfg, np.random.default_rng([SEED, 125_000 + i]))
+        bad = sweep.jvp_errors(cfg, sweep.run_jvp(cfg, primals, tangents, "kernel"),
+                               sweep.run_jvp(cfg, primals, tangents, "reference"))
+        assert not bad, f"{cfg} jvp (seed {SEED}): {bad}"
         rng = np.random.default_rng([SEED, 120_000 + i])
         inputs = sweep.make_inputs(cfg, rng)
         errors = sweep.compare(cfg, sweep.run(cfg, inputs, "kernel"), sweep.run(cfg, inputs, "reference"), inputs)
@@ -82,6 +88,8 @@ def _small_tile_cases():
     # The backward's small tiles themselves (bwd_tile_sizes.cuh): 64 x 64 at D 96 and 128, 32 x 64 at 192, 64 x 32
     # at 256.
     assert {(96, 64, 64), (128, 64, 64), (192, 32, 64), (256, 64, 32)} <= tiles, tiles
+    # The tangent's (tangent_tile_sizes.cuh): 64 x 32 at D 192, 64 x 16 at 256.
+    assert {(192, 64, 32), (256, 64, 16)} <= tangent_tiles, tangent_tiles
     return "ok"
 
 

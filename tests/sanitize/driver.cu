@@ -48,6 +48,7 @@ using flashjax::BwdParams;
 using flashjax::DType;
 using flashjax::FwdParams;
 using flashjax::KernelEntry;
+using flashjax::TangentParams;
 
 // One problem. window_right = 0 is causal (docs/design.md §2.3); -1 leaves a side unbounded.
 struct Config {
@@ -97,6 +98,9 @@ const Config kConfigs[] = {
      256, 1, true},
     {2, 130, 300, 4, 1, 32, 7, false, 5.f, false, "deterministic, sm90 D 192: window (32, 7), softcap 5, MQA 4/1", 192,
      1, true},
+    // Every config runs the tangent (jax.jvp) after the forward where a tangent kernel exists; this one reaches the
+    // sm80 tangent's D 256 tiles (64 x 32 in 163 KB, 64 x 16 under FLASHJAX_SMEM_LIMIT_KB=99) with every feature.
+    {1, 200, 333, 4, 2, 40, 9, true, 5.f, false, "tangent D 256: window (40, 9), softcap 5, sinks, GQA 4/2", 256},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -108,6 +112,7 @@ struct Variant {
   const KernelEntry* bwd;
   const KernelEntry* varlen_fwd;  // what dispatch picks for varlen (nullptr: none)
   const KernelEntry* varlen_bwd;
+  const KernelEntry* tangent;  // nullptr: no tangent kernel for this variant (the config then skips the tangent)
 };
 
 struct Failure {
@@ -377,6 +382,129 @@ BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& ker
   return bp;
 }
 
+// The tangent after the forward fp ran (o, lse): tangent_impl's fields, random tangents for q, k, v and sinks, outputs
+// poisoned; t_out and t_lse against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
+// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
+// t_sink (0 without sinks).
+void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
+                 cudaStream_t stream) {
+  const int D = variant.head_dim;
+  const DType dtype = variant.dtype;
+  const int64_t n_q = int64_t(c.batch) * c.seqlen_q * c.heads_q * D;
+  const int64_t n_k = int64_t(c.batch) * c.seqlen_k * c.heads_k * D;
+  const int64_t n_lse = int64_t(c.batch) * c.heads_q * c.seqlen_q;
+  TangentParams tp;
+  static_cast<flashjax::AttnShape&>(tp) = fp;
+  void* tq = alloc_element(arena, n_q);
+  void* tk = alloc_element(arena, n_k);
+  void* tv = alloc_element(arena, n_k);
+  float* tsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
+  void* t_out = alloc_element(arena, n_q);
+  float* t_lse = arena.alloc<float>(n_lse);
+  fill_element(tq, n_q, dtype, seed + 11);
+  fill_element(tk, n_k, dtype, seed + 12);
+  fill_element(tv, n_k, dtype, seed + 13);
+  if (tsinks != nullptr) fill(tsinks, c.heads_q, seed + 14);
+  poison(t_out, 2 * n_q);
+  poison(t_lse, 4 * n_lse);
+  tp.q = fp.q;
+  tp.k = fp.k;
+  tp.v = fp.v;
+  tp.o = fp.o;
+  tp.lse = fp.lse;
+  tp.sinks = fp.sinks;
+  tp.tq = tq;
+  tp.tk = tk;
+  tp.tv = tv;
+  tp.tsinks = tsinks;
+  tp.t_out = t_out;
+  tp.t_lse = t_lse;
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (const cudaError_t err = launch(*variant.tangent, tp, stream); err != cudaSuccess) {
+    throw Failure{std::string("tangent launch: ") + cudaGetErrorString(err)};
+  }
+  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
+    throw Failure{std::string("tangent: ") + cudaGetErrorString(err)};
+  }
+
+  const auto h = [&](const void* x, int64_t n) { return elements_to_host(x, n, dtype); };
+  const std::vector<float> hq = h(fp.q, n_q), hk = h(fp.k, n_k), hv = h(fp.v, n_k), htq = h(tq, n_q),
+                           htk = h(tk, n_k), htv = h(tv, n_k), hto = h(t_out, n_q);
+  const std::vector<float> hto_lse = floats_to_host(t_lse, n_lse);
+  const std::vector<float> hsinks = c.sinks ? floats_to_host(fp.sinks, c.heads_q) : std::vector<float>();
+  const std::vector<float> htsinks = c.sinks ? floats_to_host(tsinks, c.heads_q) : std::vector<float>();
+  expect_finite(hto, "t_out");
+  expect_finite(hto_lse, "t_lse");
+  const int group = c.heads_q / c.heads_k;
+  double err2 = 0, ref2 = 0, lse_err2 = 0, lse_ref2 = 0;
+  std::vector<double> s(static_cast<size_t>(c.seqlen_k)), ts(s.size()), acc(static_cast<size_t>(D)), out(acc.size());
+  for (int b = 0; b < c.batch; ++b) {
+    for (int hq_index = 0; hq_index < c.heads_q; ++hq_index) {
+      const int hk_index = hq_index / group;
+      for (int i = 0; i < c.seqlen_q; ++i) {
+        const int64_t row = ((int64_t(b) * c.seqlen_q + i) * c.heads_q + hq_index) * D;
+        const float got_lse = hto_lse[(int64_t(b) * c.heads_q + hq_index) * c.seqlen_q + i];
+        const KeyRange keys = visible_keys(c, i);
+        const double t_sink = c.sinks ? htsinks[hq_index] : 0.0;
+        if (keys.empty()) {
+          for (int d = 0; d < D; ++d) {
+            if (hto[row + d] != 0.f) throw Failure{"empty row: t_out " + std::to_string(hto[row + d]) + " not 0"};
+          }
+          if (!(std::abs(got_lse - t_sink) <= 1e-5 * std::max(1.0, std::abs(t_sink)))) {
+            throw Failure{"empty row: t_lse " + std::to_string(got_lse) + " instead of " + std::to_string(t_sink)};
+          }
+          continue;
+        }
+        double m = c.sinks ? hsinks[hq_index] : -INFINITY;
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          const int64_t krow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
+          double qk = 0, tqk = 0;
+          for (int d = 0; d < D; ++d) {
+            qk += double(hq[row + d]) * hk[krow + d];
+            tqk += double(htq[row + d]) * hk[krow + d] + double(hq[row + d]) * htk[krow + d];
+          }
+          qk *= fp.softmax_scale;
+          tqk *= fp.softmax_scale;
+          const double t = c.softcap > 0.f ? std::tanh(qk / c.softcap) : 0.0;
+          s[j] = c.softcap > 0.f ? c.softcap * t : qk;
+          ts[j] = c.softcap > 0.f ? (1.0 - t * t) * tqk : tqk;
+          m = std::max(m, s[j]);
+        }
+        double denom = c.sinks ? std::exp(hsinks[hq_index] - m) : 0.0;
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) denom += std::exp(s[j] - m);
+        double want_lse = c.sinks ? std::exp(hsinks[hq_index] - m) / denom * t_sink : 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        std::fill(out.begin(), out.end(), 0.0);
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          const int64_t vrow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
+          const double p = std::exp(s[j] - m) / denom;
+          want_lse += p * ts[j];
+          for (int d = 0; d < D; ++d) {
+            acc[d] += p * (ts[j] * hv[vrow + d] + htv[vrow + d]);
+            out[d] += p * hv[vrow + d];
+          }
+        }
+        for (int d = 0; d < D; ++d) {
+          const double want = acc[d] - want_lse * out[d];
+          err2 += (hto[row + d] - want) * (hto[row + d] - want);
+          ref2 += want * want;
+        }
+        lse_err2 += (got_lse - want_lse) * (got_lse - want_lse);
+        lse_ref2 += want_lse * want_lse;
+      }
+    }
+  }
+  // The gradients' tolerances of tests/gpu/sweep.py: twice the forward's.
+  const double tolerance = dtype == DType::kFloat16 ? 4e-3 : 2e-2;
+  if (ref2 > 0 && std::sqrt(err2 / ref2) > tolerance) {
+    throw Failure{"t_out differs from the float64 reference: relative error " + std::to_string(std::sqrt(err2 / ref2))};
+  }
+  if (lse_ref2 > 0 && std::sqrt(lse_err2 / lse_ref2) > tolerance) {
+    throw Failure{"t_lse differs from the float64 reference: relative error " +
+                  std::to_string(std::sqrt(lse_err2 / lse_ref2))};
+  }
+}
+
 void run_config(int index, const Config& c, const Variant& variant, cudaStream_t stream) {
   const int D = variant.head_dim;
   const DType dtype = variant.dtype;
@@ -396,6 +524,7 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
     poison(fp.lse_partial, 4 * split.lse_partial);
   }
   run_forward(arena, fp, *variant.fwd, c.sinks, c.num_splits, seed, stream);
+  if (variant.tangent != nullptr) run_tangent(c, variant, fp, seed, arena, stream);
   const BwdParams bp = run_backward(
       arena, fp, *variant.bwd, flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D), c.dlse,
       c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0, seed, stream);
@@ -645,6 +774,10 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kBwd;
     const flashjax::Choice bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                          flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kTangent;
+    const flashjax::Choice tangent = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                             flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kBwd;
     key.varlen = true;  // the varlen configs' kernels (the sm80 family's on every device)
     const flashjax::Choice varlen_bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                                 flashjax::enabled_kernel_table(), smem_per_block_optin);
@@ -652,7 +785,8 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     const flashjax::Choice varlen_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                                 flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
-      variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel});
+      variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
+                          tangent.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -748,8 +882,9 @@ int main(int argc, char** argv) {
     if (kConfigs[i].head_dim > 0 && pinned == nullptr) continue;  // not compiled in this build
     const Variant& variant = pinned != nullptr ? *pinned : variants[i % variants.size()];
     if (kConfigs[i].deterministic && !variant.bwd->deterministic) continue;  // e.g. the sm80 backward (sm80 mode)
-    std::printf("[%d] %s %s D%d fwd %s bwd %s", i, describe(kConfigs[i]).c_str(), dtype_name(variant.dtype),
-                variant.head_dim, variant.fwd->family, variant.bwd->family);
+    std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s", i, describe(kConfigs[i]).c_str(),
+                dtype_name(variant.dtype), variant.head_dim, variant.fwd->family, variant.bwd->family,
+                variant.tangent != nullptr ? variant.tangent->family : "none");
     if (!attempt(i, [&] { run_config(i, kConfigs[i], variant, stream); })) return 1;
   }
   // The varlen configs rotate over the widths too (each width's 99 KB row where FLASHJAX_SMEM_LIMIT_KB=99 says so).
@@ -758,7 +893,8 @@ int main(int argc, char** argv) {
     if (!only.empty() && std::find(only.begin(), only.end(), i) == only.end()) continue;
     const Variant& variant = variants[j % variants.size()];
     if (variant.varlen_fwd == nullptr || variant.varlen_bwd == nullptr) continue;  // no sm80 family in this build
-    const Variant varlen{variant.dtype, variant.head_dim, variant.varlen_fwd, variant.varlen_bwd, nullptr, nullptr};
+    const Variant varlen{variant.dtype, variant.head_dim, variant.varlen_fwd, variant.varlen_bwd, nullptr, nullptr,
+                         nullptr};
     std::printf("[%d] %s %s D%d fwd %s bwd %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
                 variant.head_dim, varlen.fwd->family, varlen.bwd->family);
     if (!attempt(i, [&] { run_varlen_config(i, kVarlenConfigs[j], varlen, stream); })) return 1;

@@ -115,4 +115,23 @@ struct BwdParams : AttnShape {
   int32_t* dq_semaphore = nullptr;
 };
 
+// Tangent (forward-mode derivative, issue 39): (q, k, v, o, lse, tq, tk, tv[, sinks, tsinks]) -> (t_out, t_lse),
+// linear in the tangents (tq, tk, tv, tsinks). o and lse are the forward's outputs for these very inputs (the kernel
+// recomputes P = exp(s - lse) from them, docs/design.md §3.6). Each tangent has its primal's layout and strides: tq
+// and t_out q's / o's, tk and tv k's / v's, t_lse lse's. No workspace.
+struct TangentParams : AttnShape {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const float* lse = nullptr;      // [B, Hq, Sq], as the forward wrote it (sink term included)
+  const float* sinks = nullptr;    // optional [Hq]; tsinks is given exactly when sinks is
+  const void* tq = nullptr;
+  const void* tk = nullptr;
+  const void* tv = nullptr;
+  const float* tsinks = nullptr;   // [Hq]
+  void* t_out = nullptr;           // o's layout
+  float* t_lse = nullptr;          // lse's layout
+};
+
 }  // namespace flashjax

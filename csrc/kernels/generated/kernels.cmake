@@ -31,6 +31,18 @@ set(FLASHJAX_KERNEL_SOURCES_FULL
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim128_smem99.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim192_smem99.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim256_smem99.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim96.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim192.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_fp16_hdim256_smem99.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim96.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim192.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim256_smem99.cu
 )
 set(FLASHJAX_SM90_SOURCES_FULL
   ${CMAKE_CURRENT_LIST_DIR}/sm90_fwd_fp16_hdim64.cu
@@ -59,6 +71,7 @@ set(FLASHJAX_KERNEL_SOURCES_CI
   ${CMAKE_CURRENT_LIST_DIR}/sm80_fwd_bf16_hdim64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim256_smem99.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim64.cu
 )
 set(FLASHJAX_SM90_SOURCES_CI
   ${CMAKE_CURRENT_LIST_DIR}/sm90_fwd_bf16_hdim64.cu
@@ -69,6 +82,10 @@ set(FLASHJAX_KERNEL_SOURCES_BENCH
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim192.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm80_tangent_bf16_hdim256.cu
 )
 set(FLASHJAX_SM90_SOURCES_BENCH
   ${CMAKE_CURRENT_LIST_DIR}/sm90_fwd_bf16_hdim64.cu

@@ -1,6 +1,7 @@
 // Compile-time layouts of the sm80-family forward kernel: the MMA, shared-memory tiles and the copy atoms
 // between global memory, shared memory and registers. Everything here follows from fwd_tile_sizes() for the head
-// dim and the instantiation's shared-memory budget (kSmemKB).
+// dim and the instantiation's shared-memory budget (kSmemKB). The tile-shape part (AttnTileLayouts) is shared with
+// the tangent kernel (tangent_layouts.cuh), which runs the same MMAs, copies and epilogue on its own tile sizes.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -10,19 +11,19 @@
 
 namespace flashjax::sm80 {
 
-template <typename Element_, int kHeadDim_, int kSmemKB_>
-struct FwdLayouts {
+// Everything that follows from (Element, D, block_m x block_n tiles, warps): query tiles of kBlockM rows over
+// kBlockN-key steps, kNWarps warps each owning kBlockM / kNWarps rows.
+template <typename Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_>
+struct AttnTileLayouts {
   using Element = Element_;
   static_assert(std::is_same_v<Element, cutlass::half_t> || std::is_same_v<Element, cutlass::bfloat16_t>,
                 "flashjax kernels take fp16 or bf16");
   static constexpr int kHeadDim = kHeadDim_;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dims are multiples of 32 up to 256");
 
-  static constexpr int kSmemKB = kSmemKB_;  // the budget the tiles are chosen for
-  static constexpr FwdTileSizes kTile = fwd_tile_sizes<Element>(kHeadDim, kSmemKB);
-  static constexpr int kBlockM = kTile.block_m;
-  static constexpr int kBlockN = kTile.block_n;
-  static constexpr int kNWarps = kTile.warps;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
   static_assert(kBlockM % (16 * kNWarps) == 0, "warps tile M in 16-row MMA steps");
   static_assert(kBlockN % 16 == 0, "P must form whole k16 A tiles");
@@ -58,9 +59,6 @@ struct FwdLayouts {
 
   static constexpr int kSmemElemsQ = kBlockM * kHeadDim;
   static constexpr int kSmemElemsKV = kBlockN * kHeadDim;
-  static constexpr int kSmemBytes = (kSmemElemsQ + 2 * kSmemElemsKV) * int(sizeof(Element));
-  static_assert(kSmemBytes == fwd_tile_smem_bytes(kTile, kHeadDim), "the tile choice sized what is carved here");
-  static_assert(kSmemBytes <= kSmemKB * 1024, "no configuration of fwd_tile_sizes fits this budget");
 
   // Shared memory -> registers for the MMAs: ldmatrix.x4 for row-major operands, ldmatrix.x4.trans for V^T.
   using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
@@ -85,6 +83,25 @@ struct FwdLayouts {
   using GmemTiledCopyO = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, GmemThreadLayout{},
       GmemValueLayout{}));
+};
+
+// The forward's tiles for (Element, D, budget).
+template <typename Element, int kHeadDim, int kSmemKB>
+inline constexpr FwdTileSizes kFwdTile = fwd_tile_sizes<Element>(kHeadDim, kSmemKB);
+
+template <typename Element_, int kHeadDim_, int kSmemKB_>
+struct FwdLayouts : AttnTileLayouts<Element_, kHeadDim_, kFwdTile<Element_, kHeadDim_, kSmemKB_>.block_m,
+                                    kFwdTile<Element_, kHeadDim_, kSmemKB_>.block_n,
+                                    kFwdTile<Element_, kHeadDim_, kSmemKB_>.warps> {
+  using Base = AttnTileLayouts<Element_, kHeadDim_, kFwdTile<Element_, kHeadDim_, kSmemKB_>.block_m,
+                               kFwdTile<Element_, kHeadDim_, kSmemKB_>.block_n,
+                               kFwdTile<Element_, kHeadDim_, kSmemKB_>.warps>;
+  static constexpr int kSmemKB = kSmemKB_;  // the budget the tiles are chosen for
+  static constexpr FwdTileSizes kTile = kFwdTile<Element_, kHeadDim_, kSmemKB_>;
+  // Q, one K and one V tile.
+  static constexpr int kSmemBytes = (Base::kSmemElemsQ + 2 * Base::kSmemElemsKV) * int(sizeof(Element_));
+  static_assert(kSmemBytes == fwd_tile_smem_bytes(kTile, kHeadDim_), "the tile choice sized what is carved here");
+  static_assert(kSmemBytes <= kSmemKB * 1024, "no configuration of fwd_tile_sizes fits this budget");
 };
 
 }  // namespace flashjax::sm80

@@ -39,4 +39,15 @@ FamilyChoices bwd_choices(const AttnShape& shape, const ChoiceQuery& query);
 template <typename Element, int kHeadDim, int kSmemKB>
 int bwd_smem_bytes();
 
+// The tangent (forward-mode derivative, tangent_launch.cuh): t_out, t_lse from the forward's o and lse and the
+// tangents of q, k, v and sinks.
+template <typename Element, int kHeadDim, int kSmemKB>
+cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream);
+
+template <typename Element, int kHeadDim, int kSmemKB>
+int tangent_smem_bytes();
+
+template <typename Element, int kHeadDim, int kSmemKB>
+FamilyChoices tangent_choices(const AttnShape& shape, const ChoiceQuery& query);
+
 }  // namespace flashjax::sm80
