@@ -164,11 +164,11 @@ def test_rows_without_keys_give_zeros_and_no_nan(dtype):
 
 
 def test_bits_layouts_are_the_contracts():
-    """The mods above reach each layout the kernels index: broadcast over both, per batch, per head and both."""
+    """The mods above reach each layout the kernels index: broadcast over both, per batch, and per batch and head."""
     shapes = {name: mask_bits.mask_bits_shape(MODS[name](np.random.default_rng(0), 2, 4, 64), batch=2, heads=4,
                                               seqlen_q=64, seqlen_k=64)[:2]
-              for name in ("causal", "document", "document_one_row", "per_head")}
-    assert shapes == {"causal": (1, 1), "document": (2, 1), "document_one_row": (1, 1), "per_head": (2, 4)}
+              for name in ("causal", "document", "per_head")}
+    assert shapes == {"causal": (1, 1), "document": (2, 1), "per_head": (2, 4)}
 
 
 def test_explain_names_the_sm80_family():
@@ -189,7 +189,7 @@ def test_a_mod_the_kernels_cannot_compile_falls_back_or_raises():
 
     q = jnp.ones((1, 64, 2, 64), jnp.bfloat16)
     from flashjax.mask_trace import MaskModCodegenError
-    with pytest.raises(MaskModCodegenError, match="sin"):
+    with pytest.raises(MaskModCodegenError, match="Sine"):
         flashjax.flash_attn(q, q, q, mask_mod=Sine(), backend="kernel")
     with pytest.warns(UserWarning, match="reference"):
         out = flashjax.flash_attn(q, q, q, mask_mod=Sine())
