@@ -30,6 +30,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ffi/dispatch.h"
@@ -113,6 +115,7 @@ struct Variant {
   const KernelEntry* varlen_fwd;  // what dispatch picks for varlen (nullptr: none)
   const KernelEntry* varlen_bwd;
   const KernelEntry* tangent;  // nullptr: no tangent kernel for this variant (the config then skips the tangent)
+  const KernelEntry* varlen_tangent;  // what dispatch picks for a varlen tangent (nullptr: none)
 };
 
 struct Failure {
@@ -687,6 +690,42 @@ std::vector<bool> unused_rows(const std::vector<int32_t>& cu, const std::vector<
   return unused;
 }
 
+// The varlen tangent after the varlen forward fp ran: random tangents, outputs poisoned, on the kernel dispatch picks
+// for a varlen tangent. Returns t_out and t_lse on the host (checked by the caller: finite, zero on unused rows).
+std::pair<std::vector<float>, std::vector<float>> run_varlen_tangent(const FwdParams& fp, const KernelEntry& kernel,
+                                                                     DType dtype, uint64_t seed, Arena& arena,
+                                                                     cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
+  TangentParams tp;
+  static_cast<flashjax::AttnShape&>(tp) = fp;
+  tp.q = fp.q;
+  tp.k = fp.k;
+  tp.v = fp.v;
+  tp.o = fp.o;
+  tp.lse = fp.lse;
+  tp.sinks = fp.sinks;
+  void* tq = alloc_element(arena, n.q);
+  void* tk = alloc_element(arena, n.k);
+  void* tv = alloc_element(arena, n.k);
+  fill_element(tq, n.q, dtype, seed + 21);
+  fill_element(tk, n.k, dtype, seed + 22);
+  fill_element(tv, n.k, dtype, seed + 23);
+  tp.tq = tq;
+  tp.tk = tk;
+  tp.tv = tv;
+  if (fp.sinks != nullptr) {
+    float* tsinks = arena.alloc<float>(fp.heads_q);
+    fill(tsinks, fp.heads_q, seed + 24);
+    tp.tsinks = tsinks;
+  }
+  tp.t_out = alloc_element(arena, n.q);
+  tp.t_lse = arena.alloc<float>(n.lse);
+  poison(tp.t_out, 2 * n.q);
+  poison(tp.t_lse, 4 * n.lse);
+  launch_and_wait(kernel, tp, stream, "varlen tangent");
+  return {elements_to_host(tp.t_out, n.q, dtype), floats_to_host(tp.t_lse, n.lse)};
+}
+
 void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant, cudaStream_t stream) {
   const int D = variant.head_dim;
   const uint64_t seed = 0x7A11u + 1000u * static_cast<uint64_t>(index);
@@ -708,6 +747,12 @@ void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant,
   const DType dtype = variant.dtype;
   const Sizes sizes = sizes_of(fp);
   const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
+  std::vector<float> ht_out, ht_lse;  // the tangent's, where this build has a varlen tangent kernel
+  if (variant.tangent != nullptr) {
+    std::tie(ht_out, ht_lse) = run_varlen_tangent(fp, *variant.tangent, dtype, seed, arena, stream);
+    expect_finite(ht_out, "t_out");
+    expect_finite(ht_lse, "t_lse");
+  }
   const void *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
   const float *lse = fp.lse, *dsinks = bp.dsinks;
 
@@ -731,15 +776,20 @@ void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant,
   for (int r = 0; r < c.total_q; ++r) {
     if (!rows_q[r]) continue;
     for (int h = 0; h < c.heads_q; ++h) {
+      if (!ht_lse.empty() && ht_lse[int64_t(h) * c.total_q + r] != 0.f) {
+        throw Failure{"unused query row " + std::to_string(r) + " has t_lse " +
+                      std::to_string(ht_lse[int64_t(h) * c.total_q + r]) + " instead of 0"};
+      }
       if (hlse[int64_t(h) * c.total_q + r] != -INFINITY) {
         throw Failure{"unused query row " + std::to_string(r) + " has lse " +
                       std::to_string(hlse[int64_t(h) * c.total_q + r]) + " instead of -inf"};
       }
       for (int d = 0; d < D; ++d) {
         const int64_t at = (int64_t(r) * c.heads_q + h) * D + d;
-        if (ho[at] != 0.f || hdq[at] != 0.f) {
+        if (ho[at] != 0.f || hdq[at] != 0.f || (!ht_out.empty() && ht_out[at] != 0.f)) {
           throw Failure{"unused query row " + std::to_string(r) + ": out " + std::to_string(ho[at]) + ", dq " +
-                        std::to_string(hdq[at]) + " instead of 0"};
+                        std::to_string(hdq[at]) + (ht_out.empty() ? "" : ", t_out " + std::to_string(ht_out[at])) +
+                        " instead of 0"};
         }
       }
     }
@@ -784,9 +834,12 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kFwd;
     const flashjax::Choice varlen_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                                 flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kTangent;
+    const flashjax::Choice varlen_tangent = flashjax::choose_kernel(
+        device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
-                          tangent.kernel});
+                          tangent.kernel, varlen_tangent.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -894,9 +947,10 @@ int main(int argc, char** argv) {
     const Variant& variant = variants[j % variants.size()];
     if (variant.varlen_fwd == nullptr || variant.varlen_bwd == nullptr) continue;  // no sm80 family in this build
     const Variant varlen{variant.dtype, variant.head_dim, variant.varlen_fwd, variant.varlen_bwd, nullptr, nullptr,
-                         nullptr};
-    std::printf("[%d] %s %s D%d fwd %s bwd %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
-                variant.head_dim, varlen.fwd->family, varlen.bwd->family);
+                         variant.varlen_tangent, nullptr};
+    std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
+                variant.head_dim, varlen.fwd->family, varlen.bwd->family,
+                varlen.tangent != nullptr ? varlen.tangent->family : "none");
     if (!attempt(i, [&] { run_varlen_config(i, kVarlenConfigs[j], varlen, stream); })) return 1;
   }
   cudaStreamDestroy(stream);
