@@ -30,8 +30,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <tuple>
-#include <utility>
 #include <vector>
 
 #include "ffi/dispatch.h"
@@ -385,50 +383,53 @@ BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& ker
   return bp;
 }
 
-// The tangent after the forward fp ran (o, lse): tangent_impl's fields, random tangents for q, k, v and sinks, outputs
-// poisoned; t_out and t_lse against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
-// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
-// t_sink (0 without sinks).
-void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
-                 cudaStream_t stream) {
-  const int D = variant.head_dim;
-  const DType dtype = variant.dtype;
-  const int64_t n_q = int64_t(c.batch) * c.seqlen_q * c.heads_q * D;
-  const int64_t n_k = int64_t(c.batch) * c.seqlen_k * c.heads_k * D;
-  const int64_t n_lse = int64_t(c.batch) * c.heads_q * c.seqlen_q;
+// The tangent after the forward fp ran (o, lse), dense or varlen: tangent_impl's fields from fp, random tangents for
+// q, k, v (and sinks where fp has them), t_out and t_lse poisoned, launched on `kernel` and waited for.
+TangentParams run_tangent_pass(const FwdParams& fp, const KernelEntry& kernel, uint64_t seed, Arena& arena,
+                               cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
   TangentParams tp;
   static_cast<flashjax::AttnShape&>(tp) = fp;
-  void* tq = alloc_element(arena, n_q);
-  void* tk = alloc_element(arena, n_k);
-  void* tv = alloc_element(arena, n_k);
-  float* tsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  void* t_out = alloc_element(arena, n_q);
-  float* t_lse = arena.alloc<float>(n_lse);
-  fill_element(tq, n_q, dtype, seed + 11);
-  fill_element(tk, n_k, dtype, seed + 12);
-  fill_element(tv, n_k, dtype, seed + 13);
-  if (tsinks != nullptr) fill(tsinks, c.heads_q, seed + 14);
-  poison(t_out, 2 * n_q);
-  poison(t_lse, 4 * n_lse);
   tp.q = fp.q;
   tp.k = fp.k;
   tp.v = fp.v;
   tp.o = fp.o;
   tp.lse = fp.lse;
   tp.sinks = fp.sinks;
+  void* tq = alloc_element(arena, n.q);
+  void* tk = alloc_element(arena, n.k);
+  void* tv = alloc_element(arena, n.k);
+  fill_element(tq, n.q, fp.dtype, seed + 11);
+  fill_element(tk, n.k, fp.dtype, seed + 12);
+  fill_element(tv, n.k, fp.dtype, seed + 13);
   tp.tq = tq;
   tp.tk = tk;
   tp.tv = tv;
-  tp.tsinks = tsinks;
-  tp.t_out = t_out;
-  tp.t_lse = t_lse;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (const cudaError_t err = launch(*variant.tangent, tp, stream); err != cudaSuccess) {
-    throw Failure{std::string("tangent launch: ") + cudaGetErrorString(err)};
+  if (fp.sinks != nullptr) {
+    float* tsinks = arena.alloc<float>(fp.heads_q);
+    fill(tsinks, fp.heads_q, seed + 14);
+    tp.tsinks = tsinks;
   }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("tangent: ") + cudaGetErrorString(err)};
-  }
+  tp.t_out = alloc_element(arena, n.q);
+  tp.t_lse = arena.alloc<float>(n.lse);
+  poison(tp.t_out, 2 * n.q);
+  poison(tp.t_lse, 4 * n.lse);
+  launch_and_wait(kernel, tp, stream, "tangent");
+  return tp;
+}
+
+// The dense tangent, checked against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
+// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
+// t_sink (0 without sinks).
+void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
+                 cudaStream_t stream) {
+  const int D = variant.head_dim;
+  const DType dtype = variant.dtype;
+  const Sizes sizes = sizes_of(fp);
+  const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
+  const TangentParams tp = run_tangent_pass(fp, *variant.tangent, seed, arena, stream);
+  const void *tq = tp.tq, *tk = tp.tk, *tv = tp.tv, *t_out = tp.t_out;
+  const float *t_lse = tp.t_lse, *tsinks = tp.tsinks;
 
   const auto h = [&](const void* x, int64_t n) { return elements_to_host(x, n, dtype); };
   const std::vector<float> hq = h(fp.q, n_q), hk = h(fp.k, n_k), hv = h(fp.v, n_k), htq = h(tq, n_q),
@@ -690,42 +691,6 @@ std::vector<bool> unused_rows(const std::vector<int32_t>& cu, const std::vector<
   return unused;
 }
 
-// The varlen tangent after the varlen forward fp ran: random tangents, outputs poisoned, on the kernel dispatch picks
-// for a varlen tangent. Returns t_out and t_lse on the host (checked by the caller: finite, zero on unused rows).
-std::pair<std::vector<float>, std::vector<float>> run_varlen_tangent(const FwdParams& fp, const KernelEntry& kernel,
-                                                                     DType dtype, uint64_t seed, Arena& arena,
-                                                                     cudaStream_t stream) {
-  const Sizes n = sizes_of(fp);
-  TangentParams tp;
-  static_cast<flashjax::AttnShape&>(tp) = fp;
-  tp.q = fp.q;
-  tp.k = fp.k;
-  tp.v = fp.v;
-  tp.o = fp.o;
-  tp.lse = fp.lse;
-  tp.sinks = fp.sinks;
-  void* tq = alloc_element(arena, n.q);
-  void* tk = alloc_element(arena, n.k);
-  void* tv = alloc_element(arena, n.k);
-  fill_element(tq, n.q, dtype, seed + 21);
-  fill_element(tk, n.k, dtype, seed + 22);
-  fill_element(tv, n.k, dtype, seed + 23);
-  tp.tq = tq;
-  tp.tk = tk;
-  tp.tv = tv;
-  if (fp.sinks != nullptr) {
-    float* tsinks = arena.alloc<float>(fp.heads_q);
-    fill(tsinks, fp.heads_q, seed + 24);
-    tp.tsinks = tsinks;
-  }
-  tp.t_out = alloc_element(arena, n.q);
-  tp.t_lse = arena.alloc<float>(n.lse);
-  poison(tp.t_out, 2 * n.q);
-  poison(tp.t_lse, 4 * n.lse);
-  launch_and_wait(kernel, tp, stream, "varlen tangent");
-  return {elements_to_host(tp.t_out, n.q, dtype), floats_to_host(tp.t_lse, n.lse)};
-}
-
 void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant, cudaStream_t stream) {
   const int D = variant.head_dim;
   const uint64_t seed = 0x7A11u + 1000u * static_cast<uint64_t>(index);
@@ -749,7 +714,9 @@ void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant,
   const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
   std::vector<float> ht_out, ht_lse;  // the tangent's, where this build has a varlen tangent kernel
   if (variant.tangent != nullptr) {
-    std::tie(ht_out, ht_lse) = run_varlen_tangent(fp, *variant.tangent, dtype, seed, arena, stream);
+    const TangentParams tp = run_tangent_pass(fp, *variant.tangent, seed, arena, stream);
+    ht_out = elements_to_host(tp.t_out, n_q, dtype);
+    ht_lse = floats_to_host(tp.t_lse, n_lse);
     expect_finite(ht_out, "t_out");
     expect_finite(ht_lse, "t_lse");
   }
