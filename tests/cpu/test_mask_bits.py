@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import host_bits_harness
 import host_mask_harness as host
 import mask_mod_examples as examples
 from flashjax import kernel_cache, masks
 from flashjax import mask_bits as mb
-from flashjax.mask_bits_emit import emit_split_predicate
+from flashjax.mask_bits_emit import bits_kernel_source, emit_split_predicate
 from flashjax.mask_codegen import MaskModCodegenError, evaluate_mask_graph, generate_mask_mod, mask_field_operands
 from flashjax.masks import MaskMod
 from flashjax.nvrtc import nvrtc_library_path
@@ -156,6 +157,31 @@ def test_the_split_predicate_is_the_predicate_on_the_host(tmp_path):
         truths.append(_jnp_truth(case, mod, grid))
     for case, got, want in zip(examples.CASES, host.run_on_host(cases, tmp_path), truths):
         np.testing.assert_array_equal(got, want, err_msg=case.name)
+
+
+@pytest.mark.skipif(host.compiler() is None, reason="no g++ to compile the bits kernel for the host")
+@pytest.mark.parametrize("name, sizes, blocks", [
+    ("document", (B, H, 33, 70), 2),  # a grid smaller than the tasks: the warps loop
+    ("head_offsets_one_row", (B, H, 17, 1), 1),
+    ("floor_div_mod", (1, H, 5, 33), 3),  # more warps than tasks: some have none
+    ("branches", (2, 2, 40, 1100), 5),  # two word chunks per row, the second partial
+    ("global_local", (1, 1, 1, 31), 1),
+])
+def test_the_bits_kernel_writes_the_reference_on_a_host_warp_emulator(name, sizes, blocks, tmp_path):
+    """The CUDA kernel's text, run on the host with emulated warps, writes exactly the interpreter's words (bits
+    past seqlen_k 0, nothing outside the bitmask), whatever the grid's size."""
+    case = next(c for c in examples.CASES if c.name == name)
+    mod = case.make(np.random.default_rng(len(name)))
+    batch, heads, seqlen_q, seqlen_k = sizes
+    bm, hm, _, _ = mb.mask_bits_shape(mod, batch=batch, heads=heads, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    generated = generate_mask_mod(mod)
+    kernel = mb.bits_kernel_name(generated)
+    source = generated.source + bits_kernel_source(generated.graph, kernel)
+    bits, guards = host_bits_harness.run_kernel_on_host(
+        source, kernel, [np.asarray(x) for x in mask_field_operands(mod)], (bm, hm, seqlen_q, seqlen_k), blocks,
+        tmp_path)
+    assert (guards == 0xDEADBEEF).all(), "a store left the bitmask"
+    np.testing.assert_array_equal(bits, _interpreted_bits(mod, bm, hm, seqlen_q, seqlen_k))
 
 
 def test_the_split_moves_single_index_work_out_of_the_pair():
