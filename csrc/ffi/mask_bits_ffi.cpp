@@ -118,6 +118,13 @@ ffi::ErrorOr<std::unique_ptr<MaskBitsState>> mask_bits_instantiate(
     return ffi::Unexpected(ffi::Error::Internal("flashjax_mask_bits: the binary has no kernel " + name + ": " +
                                                 cudaGetErrorString(err)));
   }
+  // Load it into the current device's context now, if the thread has one, rather than lazily at the first launch,
+  // which may be under CUDA graph capture. Other devices still load at their first launch; a failure here only
+  // means no current context, so it is cleared, not reported.
+  cudaFuncAttributes attributes;
+  if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(state->kernel)) != cudaSuccess) {
+    cudaGetLastError();
+  }
   return state;
 }
 
@@ -132,9 +139,13 @@ ffi::Error fill_field(MaskField& field, const ffi::RemainingArgs& operands, int6
   bool same = static_cast<int64_t>(dims.size()) == spec[0];
   for (size_t d = 0; same && d < dims.size(); ++d) same = dims[d] == spec[1 + d];
   if (!same) {
-    std::string got = "[";
-    for (size_t d = 0; d < dims.size(); ++d) got += (d ? ", " : "") + std::to_string(dims[d]);
-    return invalid("field operand " + std::to_string(k) + " has shape " + got + "], not the traced field's");
+    auto text = [](const int64_t* values, size_t n) {
+      std::string out = "[";
+      for (size_t d = 0; d < n; ++d) out += (d ? ", " : "") + std::to_string(values[d]);
+      return out + "]";
+    };
+    return invalid("field operand " + std::to_string(k) + " has shape " + text(dims.begin(), dims.size()) +
+                   ", expected the traced " + text(spec + 1, static_cast<size_t>(spec[0])));
   }
   field.data = static_cast<const int*>(buffer->untyped_data());
   long long stride = 1;

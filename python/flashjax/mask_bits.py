@@ -36,6 +36,7 @@ from flashjax.mask_codegen import GeneratedMaskMod, compile_mask_mod, generate_m
 from flashjax.mask_bits_emit import bits_kernel_source
 from flashjax.mask_trace import MAX_FIELD_RANK, MaskModCodegenError
 from flashjax.masks import MaskMod
+from flashjax.nvrtc import NvrtcError
 
 __all__ = ["mask_bits_shape", "mask_bits_reference", "mask_bits", "MaskModCodegenError", "TARGET",
            "bits_kernel_name", "compile_mask_bits", "lowering_stats"]
@@ -128,7 +129,6 @@ class _Stats:
     lowerings: int = 0  # CUDA lowerings of the primitive (each one a jit-cache miss)
     nvrtc_compiles: int = 0  # binaries NVRTC produced (not served by the memory or disk cache)
     compile_seconds: float = 0.0  # NVRTC time of those
-    last: CachedBinary | None = None
 
 
 _stats = _Stats()
@@ -151,13 +151,22 @@ def compile_mask_bits(generated: GeneratedMaskMod, *, arch: str) -> CachedBinary
         if not binary.from_cache:
             _stats.nvrtc_compiles += 1
             _stats.compile_seconds += binary.seconds
-        _stats.last = binary
     return binary
 
 
-def _lowering_arch() -> str:
+def _lowering_binary(generated: GeneratedMaskMod) -> CachedBinary:
+    """A cubin for the default GPU's compute capability; PTX for compute_80 where the lowering sees no GPU, or
+    where this NVRTC does not know the GPU's arch (an NVRTC older than the GPU): the driver compiles that PTX."""
     device = _ffi.default_device()
-    return f"sm_{device[0]}" if device is not None else _NO_GPU_ARCH
+    if device is None:
+        return compile_mask_bits(generated, arch=_NO_GPU_ARCH)
+    try:
+        return compile_mask_bits(generated, arch=f"sm_{device[0]}")
+    except NvrtcError as error:
+        try:
+            return compile_mask_bits(generated, arch=_NO_GPU_ARCH)
+        except NvrtcError:
+            raise error from None
 
 
 @functools.cache
@@ -209,7 +218,7 @@ class _Source:
 
 def _cuda_lowering(ctx, *fields, batch, heads, seqlen_q, seqlen_k, source, **_):
     generated = source.generated
-    binary = compile_mask_bits(generated, arch=_lowering_arch())
+    binary = _lowering_binary(generated)
     with _stats_lock:
         _stats.lowerings += 1
     _register_target()

@@ -106,16 +106,18 @@ def test_new_field_values_reuse_the_kernel_and_a_static_value_compiles_one(tmp_p
 
 
 def test_an_exported_call_carries_its_binary():
+    """The artifact holds the NVRTC binary as an attribute: deserialized, it runs with new ids and no codegen."""
     from jax import export
 
+    sizes = dict(batch=B, heads=H, seqlen_q=300, seqlen_k=300)
     ids = np.sort(np.random.default_rng(4).integers(0, 5, (B, 300)), axis=1).astype(np.int32)
-    exported = export.export(jax.jit(lambda m: mb.mask_bits(m, batch=B, heads=H, seqlen_q=300, seqlen_k=300)))(
-        masks.document_mask(ids))
+    exported = export.export(jax.jit(lambda i: mb.mask_bits(masks.document_mask(i), **sizes)))(ids)
+    assert "flashjax_mask_bits" in exported.mlir_module()
     restored = export.deserialize(exported.serialize())
     other = np.sort(np.random.default_rng(5).integers(0, 5, (B, 300)), axis=1).astype(np.int32)
-    np.testing.assert_array_equal(restored.call(masks.document_mask(other)),
-                                  mb.mask_bits_reference(masks.document_mask(other), batch=B, heads=H, seqlen_q=300,
-                                                         seqlen_k=300))
+    before = mb.lowering_stats()
+    np.testing.assert_array_equal(restored.call(other), mb.mask_bits_reference(masks.document_mask(other), **sizes))
+    assert mb.lowering_stats()["nvrtc_compiles"] == before["nvrtc_compiles"]
 
 
 def _document_ids(batch, seqlen, documents, rng):
