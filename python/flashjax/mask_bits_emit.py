@@ -47,34 +47,67 @@ def _closure(graph: MaskGraph, roots: list[int]) -> list[int]:
 
 
 def _struct(name: str, graph: MaskGraph, members: list[int], expressions: dict[int, str]) -> list[str]:
-    lines = [f"struct {name} {{"]
+    lines = [f"struct {name} {{", "  bool term;  // the part's terms of the output, joined"]
     lines += [f"  {cxx_type(graph.nodes[i].dtype)} {expressions[i]};" for i in members]
     return lines + ["};"]
 
 
-def emit_split_predicate(graph: MaskGraph, function_name: str = DEFAULT_FUNCTION_NAME) -> str:
-    """``<function_name>_row``, ``_col`` and ``_pair`` (with their structs ``_row_values``, ``_col_values``): the
-    predicate in three parts, to follow a mod's source (which defines FlashjaxMaskFields and the fjm_ helpers)."""
+def _terms(graph: MaskGraph) -> tuple[str, list[int]]:
+    """The output as ``op`` ("and" or "or") over terms: the flattened top-level tree of that bool operation, or
+    "and" over the output alone."""
+    top = graph.nodes[graph.output]
+    op = top.op if top.op in ("and", "or") and top.dtype == "bool" else "and"
+    terms, stack = [], [graph.output]
+    while stack:
+        node = graph.nodes[stack[-1]]
+        if node.op == op and node.dtype == "bool":
+            stack.pop()
+            stack.extend(reversed(node.args))
+        else:
+            terms.append(stack.pop())
+    return op, terms
+
+
+def _combine(op: str, expressions: list[str]) -> str:
+    if not expressions:
+        return "true" if op == "and" else "false"  # the operation's identity
+    return f" {'&&' if op == 'and' else '||'} ".join(f"({e})" for e in expressions)
+
+
+def emit_split_predicate(graph: MaskGraph, function_name: str = DEFAULT_FUNCTION_NAME) -> tuple[str, str]:
+    """(the C++ of ``<function_name>_row``, ``_col`` and ``_pair`` with their structs ``_row_values`` and
+    ``_col_values``, the operation "and" or "or" that joins their terms). To follow a mod's source, which
+    defines FlashjaxMaskFields and the fjm_ helpers.
+
+    The output is an and (or an or) of terms. The terms of q and not kv are joined into ``row.term``, those of kv
+    and not q into ``col.term``, the rest are ``pair``'s value: the predicate is ``pair op row.term op
+    col.term``. Since b, h and q are the same across a warp, the kernel applies row.term to whole words and ballots
+    col.term once per word for every row, so per (q, kv) only the mixed terms are evaluated.
+    """
     if not function_name.isidentifier():
         raise ValueError(f"function_name must be a C identifier, got {function_name!r}")
     depends = _index_dependencies(graph)
     order = graph.reachable()
+    op, terms = _terms(graph)
+    row_terms = [t for t in terms if "kv_idx" not in depends[t]]
+    col_terms = [t for t in terms if "kv_idx" in depends[t] and "q_idx" not in depends[t]]
+    pair_terms = [t for t in terms if {"q_idx", "kv_idx"} <= depends[t]]
     has_local = {i for i in order if graph.nodes[i].op not in ("const", "index")}  # emit_nodes inlines the rest
-    pair_ids = [i for i in order if {"q_idx", "kv_idx"} <= depends[i]]
-    pair_inputs = {a for i in pair_ids for a in graph.nodes[i].args} | {graph.output}
+    pair_ids = [i for i in _closure(graph, pair_terms) if {"q_idx", "kv_idx"} <= depends[i]]
+    pair_inputs = {a for i in pair_ids for a in graph.nodes[i].args}
     # What pair takes from the others: row-part nodes (no kv) and column-part nodes (kv, no q) it reads. A node of
     # b and h alone belongs to the rows; the column part recomputes any it needs, a few instructions per key.
     row_members = [i for i in order if "kv_idx" not in depends[i] and i in pair_inputs and i in has_local]
-    col_members = [i for i in order if depends[i] >= {"kv_idx"} and "q_idx" not in depends[i]
+    col_members = [i for i in order if "kv_idx" in depends[i] and "q_idx" not in depends[i]
                    and i in pair_inputs and i in has_local]
     tables: dict[ConstTable, str] = {}
     prefix = f"{function_name}_split"
 
     row_exprs: dict[int, str] = {}
-    row_body = emit_nodes(graph, _closure(graph, row_members), row_exprs, tables, table_prefix=prefix,
+    row_body = emit_nodes(graph, _closure(graph, row_members + row_terms), row_exprs, tables, table_prefix=prefix,
                           local_prefix="r")
     col_exprs: dict[int, str] = {}
-    col_body = emit_nodes(graph, _closure(graph, col_members), col_exprs, tables, table_prefix=prefix,
+    col_body = emit_nodes(graph, _closure(graph, col_members + col_terms), col_exprs, tables, table_prefix=prefix,
                           local_prefix="c")
     pair_exprs: dict[int, str] = {}
     for i in order:
@@ -88,27 +121,30 @@ def emit_split_predicate(graph: MaskGraph, function_name: str = DEFAULT_FUNCTION
 
     row_struct, col_struct = f"{function_name}_row_values", f"{function_name}_col_values"
     fields = "const FlashjaxMaskFields& f"
+    row_values = [_combine(op, [row_exprs[t] for t in row_terms])] + [row_exprs[i] for i in row_members]
+    col_values = [_combine(op, [col_exprs[t] for t in col_terms])] + [col_exprs[i] for i in col_members]
     lines = [
-        f"// {graph.mod_class}'s predicate split by dependence (flashjax.mask_bits_emit).",
+        f"// {graph.mod_class}'s predicate split by dependence (flashjax.mask_bits_emit): pair {op} row.term "
+        f"{op} col.term.",
         *table_definitions(tables),
         *_struct(row_struct, graph, row_members, row_exprs),
         *_struct(col_struct, graph, col_members, col_exprs),
         f"__device__ __forceinline__ {row_struct} {function_name}_row(int b, int h, int q_idx, {fields}) {{",
         *row_body,
-        f"  return {row_struct}{{{', '.join(row_exprs[i] for i in row_members)}}};",
+        f"  return {row_struct}{{{', '.join(row_values)}}};",
         "}",
         f"__device__ __forceinline__ {col_struct} {function_name}_col(int b, int h, int kv_idx, {fields}) {{",
         *col_body,
-        f"  return {col_struct}{{{', '.join(col_exprs[i] for i in col_members)}}};",
+        f"  return {col_struct}{{{', '.join(col_values)}}};",
         "}",
         f"__device__ __forceinline__ bool {function_name}_pair(int b, int h, int q_idx, int kv_idx, "
         f"const {row_struct}& row, const {col_struct}& col, {fields}) {{",
         *pair_body,
-        f"  return {pair_exprs[graph.output]};",
+        f"  return {_combine(op, [pair_exprs[t] for t in pair_terms])};",
         "}",
         "",
     ]
-    return "\n".join(lines)
+    return "\n".join(lines), op
 
 
 def bits_kernel_source(graph: MaskGraph, kernel_name: str, function_name: str = DEFAULT_FUNCTION_NAME) -> str:
@@ -118,7 +154,8 @@ def bits_kernel_source(graph: MaskGraph, kernel_name: str, function_name: str = 
 
     One warp owns BITS_ROWS_PER_WARP query rows by 32 consecutive words. Lane l evaluates key 32 * w + l, so a
     field read indexed by kv is one coalesced load per word and a ballot packs the word; the row parts are
-    computed once per task, the column part once per key for all the rows. Lane i keeps word i of each row, so
+    computed once per task, the column part once per key for all the rows, and only the mixed terms (pair) per
+    (q, kv): the words of the three are joined by the output's and / or at the store. Lane i keeps word i of each row, so
     each row's 32 words go out as one coalesced 128-byte store. (A thread that built its own word from 32 keys
     would hoist the same, but each of its warp's kv-indexed loads would touch 32 cache lines.) The warps walk
     (b, h, row group, word chunk) tasks in a grid-stride loop, so a capped grid covers any size; the host
@@ -127,7 +164,9 @@ def bits_kernel_source(graph: MaskGraph, kernel_name: str, function_name: str = 
     if not kernel_name.isidentifier():
         raise ValueError(f"kernel_name must be a C identifier, got {kernel_name!r}")
     name = function_name
-    return emit_split_predicate(graph, function_name) + f"""
+    split, op = emit_split_predicate(graph, function_name)
+    join = "&" if op == "and" else "|"
+    return split + f"""
 extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}(
     const __grid_constant__ FlashjaxMaskFields f, int batch, int heads, int seqlen_q, int seqlen_k,
     unsigned int* __restrict__ bits) {{
@@ -149,6 +188,7 @@ extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}
     const int chunk_words = min(32, words - w0);
     {name}_row_values rows[kRows];
     unsigned int row_bits[kRows];
+    unsigned int col_bits = 0u;  // lane i: word i of the column terms
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {{
       rows[r] = {name}_row(b, h, q0 + r, f);  // rows past seqlen_q are evaluated (reads clamp), never stored
@@ -157,6 +197,8 @@ extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}
     for (int i = 0; i < chunk_words; ++i) {{
       const int kv = (w0 + i) * 32 + lane;
       const {name}_col_values col = {name}_col(b, h, kv, f);
+      const unsigned int col_word = __ballot_sync(0xffffffffu, col.term);
+      if (lane == i) col_bits = col_word;
       bool allowed[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) allowed[r] = {name}_pair(b, h, q0 + r, kv, rows[r], col, f);
@@ -173,7 +215,9 @@ extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}
       const long long row0 = (long long)bh * seqlen_q + q0;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {{
-        if (q0 + r < seqlen_q) bits[(row0 + r) * words + w0 + lane] = row_bits[r] & keep;
+        // The row terms are one value per row (b, h, q are the warp's): a whole word each.
+        const unsigned int row_word = rows[r].term ? 0xffffffffu : 0u;
+        if (q0 + r < seqlen_q) bits[(row0 + r) * words + w0 + lane] = (row_bits[r] {join} col_bits {join} row_word) & keep;
       }}
     }}
   }}

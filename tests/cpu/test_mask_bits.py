@@ -149,9 +149,12 @@ def test_the_split_predicate_is_the_predicate_on_the_host(tmp_path):
         grid = examples.index_grid(rng, case.extremes)
         name = f"split_{k}_{case.name}"
         generated = generate_mask_mod(mod, function_name=name)
-        source = generated.source + emit_split_predicate(generated.graph, name) + (
+        split, op = emit_split_predicate(generated.graph, name)
+        join = "&&" if op == "and" else "||"
+        source = generated.source + split + (
             f"static bool {name}_joined(int b, int h, int q, int kv, const FlashjaxMaskFields& f) {{\n"
-            f"  return {name}_pair(b, h, q, kv, {name}_row(b, h, q, f), {name}_col(b, h, kv, f), f);\n}}\n")
+            f"  const auto row = {name}_row(b, h, q, f);\n  const auto col = {name}_col(b, h, kv, f);\n"
+            f"  return {name}_pair(b, h, q, kv, row, col, f) {join} row.term {join} col.term;\n}}\n")
         cases.append(host.HostCase(source, f"{name}_joined", tuple(np.asarray(x) for x in mask_field_operands(mod)),
                                    tuple(x.reshape(-1) for x in grid)))
         truths.append(_jnp_truth(case, mod, grid))
@@ -165,7 +168,10 @@ def test_the_split_predicate_is_the_predicate_on_the_host(tmp_path):
     ("head_offsets_one_row", (B, H, 17, 1), 1),
     ("floor_div_mod", (1, H, 5, 33), 3),  # more warps than tasks: some have none
     ("branches", (2, 2, 40, 1100), 5),  # two word chunks per row, the second partial
-    ("global_local", (1, 1, 1, 31), 1),
+    ("global_local", (1, 1, 1, 31), 1),  # an or with row, column and mixed terms
+    ("prefix_lm", (B, H, 20, 45), 2),  # an or: a column term and a mixed one
+    *((case.name, (B, H, 18, 40), 2) for case in examples.CASES if case.name not in (
+        "document", "head_offsets_one_row", "floor_div_mod", "branches", "global_local", "prefix_lm")),
 ])
 def test_the_bits_kernel_writes_the_reference_on_a_host_warp_emulator(name, sizes, blocks, tmp_path):
     """The CUDA kernel's text, run on the host with emulated warps, writes exactly the interpreter's words (bits
@@ -185,10 +191,14 @@ def test_the_bits_kernel_writes_the_reference_on_a_host_warp_emulator(name, size
 
 
 def test_the_split_moves_single_index_work_out_of_the_pair():
-    source = emit_split_predicate(generate_mask_mod(masks.document_mask(np.zeros((B, 64), np.int32))).graph)
+    source, op = emit_split_predicate(generate_mask_mod(masks.document_mask(np.zeros((B, 64), np.int32))).graph)
     pair = source[source.index("_pair("):]
     assert "fjm_read" not in pair  # both reads are per row or per key; the pair only compares
     assert source[source.index("_row("):source.index("_col(")].count("fjm_read") == 1
+    # ids[q] == ids[kv] is the only mixed term; the bounds checks (q < S, kv < S) are the row's and column's
+    assert op == "and" and pair.count("const bool") == 1
+    source, op = emit_split_predicate(generate_mask_mod(masks.prefix_lm_mask(np.zeros((B,), np.int32))).graph)
+    assert op == "or" and "fjm_read" in source[source.index("_col("):source.index("_pair(")]
 
 
 # ------------------------------------------------------------------------------------------ NVRTC, the lowering
