@@ -3,14 +3,17 @@ it into the bitmask the attention kernels read (docs/mask_codegen.md, "The mask-
 
 The kernel evaluates the predicate at every (b, h, q, kv): 67M points for a B 4 x 4096 x 4096 mask. Most of a
 typical predicate depends on q or on kv alone (a document mask reads ids[b, q] and ids[b, kv], then compares), so
-the graph's nodes are emitted in three functions:
+the output, an and (or an or) of terms, is emitted in three functions:
 
-- ``<name>_row(b, h, q_idx, f)``: the nodes that do not depend on kv, returned in a struct; once per query row;
-- ``<name>_col(b, h, kv_idx, f)``: the nodes that do not depend on q; once per key, shared by every row;
-- ``<name>_pair(b, h, q_idx, kv_idx, row, col, f)``: the rest, and the output, per (q, kv).
+- ``<name>_row(b, h, q_idx, f)``: the terms without kv, joined into ``term``, and the nodes without kv that the
+  pair reads; once per query row, and a whole word per row (b, h and q are the same across a warp);
+- ``<name>_col(b, h, kv_idx, f)``: the terms with kv and without q, and the kv-only nodes the pair reads; once
+  per key for every row, its term one ballot per word;
+- ``<name>_pair(b, h, q_idx, kv_idx, row, col, f)``: the mixed terms, per (q, kv).
 
-``pair(row(b, h, q), col(b, h, kv))`` is the predicate: the same nodes, the same C++ expressions. The split is
-done here rather than left to the compiler, which does not move field loads across the warp votes of the loop.
+``pair op row.term op col.term`` is the predicate: the same nodes, the same C++ expressions (the host tests check
+it for every example mod). The split is done here rather than left to the compiler, which does not move field
+loads across the warp votes of the loop.
 """
 
 from __future__ import annotations
@@ -155,9 +158,9 @@ def bits_kernel_source(graph: MaskGraph, kernel_name: str, function_name: str = 
     One warp owns BITS_ROWS_PER_WARP query rows by 32 consecutive words. Lane l evaluates key 32 * w + l, so a
     field read indexed by kv is one coalesced load per word and a ballot packs the word; the row parts are
     computed once per task, the column part once per key for all the rows, and only the mixed terms (pair) per
-    (q, kv): the words of the three are joined by the output's and / or at the store. Lane i keeps word i of each row, so
-    each row's 32 words go out as one coalesced 128-byte store. (A thread that built its own word from 32 keys
-    would hoist the same, but each of its warp's kv-indexed loads would touch 32 cache lines.) The warps walk
+    (q, kv): the words of the three are joined by the output's and / or at the store. Lane i keeps word i of each
+    row, so each row's 32 words go out as one coalesced 128-byte store. (A thread that built its own word from 32
+    keys would hoist the same, but each of its warp's kv-indexed loads would touch 32 cache lines.) The warps walk
     (b, h, row group, word chunk) tasks in a grid-stride loop, so a capped grid covers any size; the host
     guarantees that seqlen_q + 16, 32 * words + 31 and batch * heads fit in int.
     """
@@ -217,7 +220,8 @@ extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}
       for (int r = 0; r < kRows; ++r) {{
         // The row terms are one value per row (b, h, q are the warp's): a whole word each.
         const unsigned int row_word = rows[r].term ? 0xffffffffu : 0u;
-        if (q0 + r < seqlen_q) bits[(row0 + r) * words + w0 + lane] = (row_bits[r] {join} col_bits {join} row_word) & keep;
+        const unsigned int word = (row_bits[r] {join} col_bits {join} row_word) & keep;
+        if (q0 + r < seqlen_q) bits[(row0 + r) * words + w0 + lane] = word;
       }}
     }}
   }}

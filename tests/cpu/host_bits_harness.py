@@ -81,9 +81,9 @@ def run_kernel_on_host(source: str, kernel_name: str, fields, sizes: tuple[int, 
     """(the bitmask [batch, heads, seqlen_q, words] the kernel wrote with a grid of `blocks`, the 64 guard words)."""
     cpp, binary = workdir / "host_bits.cpp", workdir / "host_bits"
     cpp.write_text(program_source(source, kernel_name, fields, sizes, blocks))
-    build = subprocess.run([compiler(), "-std=c++20", "-O1", "-pthread", "-Wall", "-Werror", "-Wno-unused-parameter",
-                            "-Wno-unused-function", "-Wno-unused-variable", "-Wno-unknown-pragmas", *SANITIZERS, str(cpp), "-o", str(binary)],
-                           capture_output=True, text=True)
+    flags = ["-std=c++20", "-O1", "-pthread", "-Wall", "-Werror", "-Wno-unused-parameter", "-Wno-unused-function",
+             "-Wno-unused-variable", "-Wno-unknown-pragmas", *SANITIZERS]  # unroll pragmas are nvcc's
+    build = subprocess.run([compiler(), *flags, str(cpp), "-o", str(binary)], capture_output=True, text=True)
     if build.returncode != 0:
         raise AssertionError(f"g++ rejected the bits kernel ({cpp}):\n{build.stderr[-4000:]}")
     result = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
