@@ -510,18 +510,14 @@ ffi::Error bwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
                          lse_log2, has_dlse, has_sinks);
 }
 
-// The tangent (jax.jvp, issue 39): q, k, v, the forward's o and lse, the tangents tq, tk, tv, then sinks and their
-// tangent when has_sinks (both or neither) -> t_out, t_lse. Each tangent must have its primal's shape and dtype: the
-// kernel reads it with its primal's strides.
-ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                        ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer tq, ffi::AnyBuffer tk,
-                        ffi::AnyBuffer tv, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> t_out,
-                        ffi::Result<ffi::Buffer<ffi::F32>> t_lse, bool has_sinks, float softcap, float softmax_scale,
-                        int32_t window_left, int32_t window_right) {
-  TangentParams p;
-  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
-    return err;
-  }
+// What both tangent targets share once the shape is filled: every tangent shaped like its primal (the kernel reads
+// it with its primal's strides), lse and t_lse holding one value per query row, the pointers. lse_shape names the
+// layout for the error ("[B, Hq, Sq]", varlen's "[Hq, Tq]").
+ffi::Error fill_tangent_operands(TangentParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                 const ffi::AnyBuffer& v, const ffi::AnyBuffer& o, ffi::Buffer<ffi::F32>& lse,
+                                 const ffi::AnyBuffer& tq, const ffi::AnyBuffer& tk, const ffi::AnyBuffer& tv,
+                                 ffi::Result<ffi::AnyBuffer>& t_out, ffi::Result<ffi::Buffer<ffi::F32>>& t_lse,
+                                 const char* lse_shape) {
   auto same = [](const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
     return a.element_type() == b.element_type() && a.element_count() == b.element_count() &&
            a.dimensions().size() == b.dimensions().size();
@@ -530,12 +526,8 @@ ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, 
   if (!same(o, q) || !same(tq, q) || !same(tk, k) || !same(tv, v) || t_out->element_type() != q.element_type() ||
       t_out->element_count() != q.element_count() || lse.element_count() != rows || t_lse->element_count() != rows) {
     return invalid("tangent operands must be shaped like their primals: o, tq and t_out like q " +
-                   dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse [B, Hq, Sq]");
+                   dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse " + lse_shape);
   }
-  OptionalOperands slots(optional, 2);
-  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
-  if (auto err = slots.finish(); err.failure()) return err;
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
@@ -546,6 +538,56 @@ ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, 
   p.tv = tv.untyped_data();
   p.t_out = t_out->untyped_data();
   p.t_lse = t_lse->typed_data();
+  return ffi::Error::Success();
+}
+
+// The tangent (jax.jvp, issue 39): q, k, v, the forward's o and lse, the tangents tq, tk, tv, then sinks and their
+// tangent when has_sinks (both or neither) -> t_out, t_lse.
+ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                        ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer tq, ffi::AnyBuffer tk,
+                        ffi::AnyBuffer tv, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> t_out,
+                        ffi::Result<ffi::Buffer<ffi::F32>> t_lse, bool has_sinks, float softcap, float softmax_scale,
+                        int32_t window_left, int32_t window_right) {
+  TangentParams p;
+  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
+    return err;
+  }
+  if (auto err = fill_tangent_operands(p, q, k, v, o, lse, tq, tk, tv, t_out, t_lse, "[B, Hq, Sq]"); err.failure()) {
+    return err;
+  }
+  OptionalOperands slots(optional, 2);
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
+  const PassPlan plan = plan_for(ordinal, Direction::kTangent, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  return launch(plan, p, stream);
+}
+
+// The varlen tangent: the tangent's operands in fill_varlen_shape's shapes (lse, t_lse [Hq, Tq]), the offsets, then
+// the optional seqused_q, seqused_k ([N] int32), sinks and tsinks ([Hq] f32) as their flags say.
+ffi::Error tangent_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                               ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer tq,
+                               ffi::AnyBuffer tk, ffi::AnyBuffer tv, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                               ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::RemainingArgs optional,
+                               ffi::Result<ffi::AnyBuffer> t_out, ffi::Result<ffi::Buffer<ffi::F32>> t_lse,
+                               bool has_seqused_k, bool has_seqused_q, bool has_sinks, float softcap,
+                               float softmax_scale, int32_t window_left, int32_t window_right) {
+  TangentParams p;
+  if (auto err = fill_varlen_shape(p, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, softcap, window_left,
+                                   window_right);
+      err.failure()) {
+    return err;
+  }
+  if (auto err = fill_tangent_operands(p, q, k, v, o, lse, tq, tk, tv, t_out, t_lse, "[Hq, Tq]"); err.failure()) {
+    return err;
+  }
+  OptionalOperands slots(optional, 4);
+  const size_t n = static_cast<size_t>(p.num_seqs);
+  if (auto err = slots.take<ffi::S32>(has_seqused_q, n, "seqused_q", p.seqused_q); err.failure()) return err;
+  if (auto err = slots.take<ffi::S32>(has_seqused_k, n, "seqused_k", p.seqused_k); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
   const PassPlan plan = plan_for(ordinal, Direction::kTangent, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
   return launch(plan, p, stream);
 }
@@ -558,6 +600,16 @@ auto qkv_binding() {
       .Arg<ffi::AnyBuffer>()   // q
       .Arg<ffi::AnyBuffer>()   // k
       .Arg<ffi::AnyBuffer>();  // v
+}
+
+// q, k, v and the tangent's other required operands, which both tangent targets bind first.
+auto tangent_operands() {
+  return qkv_binding()
+      .Arg<ffi::AnyBuffer>()          // o
+      .Arg<ffi::Buffer<ffi::F32>>()   // lse
+      .Arg<ffi::AnyBuffer>()          // tq
+      .Arg<ffi::AnyBuffer>()          // tk
+      .Arg<ffi::AnyBuffer>();         // tv
 }
 
 // q, k, v and the backward's other required operands, which every backward target binds first.
@@ -670,12 +722,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen, flashjax::fwd_varlen_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent, flashjax::tangent_impl,
-                              flashjax::qkv_binding()
-                                  .Arg<ffi::AnyBuffer>()          // o
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // lse [B, Hq, Sq]
-                                  .Arg<ffi::AnyBuffer>()          // tq
-                                  .Arg<ffi::AnyBuffer>()          // tk
-                                  .Arg<ffi::AnyBuffer>()          // tv
+                              flashjax::tangent_operands()
                                   .RemainingArgs()                // sinks, tsinks [Hq] f32 (see OptionalOperands)
                                   .Ret<ffi::AnyBuffer>()          // t_out
                                   .Ret<ffi::Buffer<ffi::F32>>()   // t_lse [B, Hq, Sq]
@@ -684,6 +731,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent, flashjax::tangent_impl,
                                   .Attr<float>("softmax_scale")
                                   .Attr<int32_t>("window_left")
                                   .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_varlen, flashjax::tangent_varlen_impl,
+                              flashjax::with_varlen_attrs(flashjax::tangent_operands()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
+                                  .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks, tsinks
+                                  .Ret<ffi::AnyBuffer>()          // t_out [Tq, Hq, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()),  // t_lse [Hq, Tq]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl, flashjax::with_bwd_attrs(flashjax::bwd_binding()),

@@ -96,13 +96,9 @@ std::vector<std::string> split_archs(std::string_view archs) {
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
-  // Varlen runs on the portable sm80 family on every arch, forward and backward (sm90 included, until its kernels
-  // take packed sequences).
+  // Varlen runs on the portable sm80 family on every arch, forward, backward and tangent (sm90 included, until its
+  // kernels take packed sequences).
   constexpr std::string_view kVarlenFamily = "sm80";
-  if (problem.varlen && problem.direction == Direction::kTangent) {
-    choice.reason = "no tangent kernel implements varlen (packed) attention yet (the sm80 forward and backward do)";
-    return choice;
-  }
   // Mask mods (issue 38) run on the sm80 forward and backward on every arch, Hopper included: the sm90 kernels do
   // not take the mask bits yet. Not with varlen (b would be the sequence, the indices sequence-local) nor in the
   // tangent (jax.jvp of a mask-mod call evaluates the reference's tangent, primitives.py).
@@ -176,8 +172,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     (problem.mask_mod ? " (mask mod: the sm80 family on every device, forward and backward, the "
                                         "mask bits' tiles classified empty / full / partial; the sm90 kernels do "
                                         "not take mask mods yet)"
-                     : problem.varlen ? " (varlen: the sm80 family on every device, forward and backward; varlen is "
-                                      "not on the sm90 kernels yet)"
+                     : problem.varlen ? " (varlen: the sm80 family on every device, forward, backward and tangent; "
+                                      "varlen is not on the sm90 kernels yet)"
                      : problem.direction == Direction::kTangent
                          ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "
                            "tangent kernel yet)"

@@ -8,7 +8,8 @@
 A mod's generated source depends on its class, its static() values and its fields' shapes, never on the fields'
 values: new values reuse the compiled code, a new static value compiles new code. The pieces live in
 flashjax.mask_trace (tracing, the error), mask_graph (the graph), mask_ops (each operation's exact meaning),
-mask_emit (C++), mask_interpret (numpy evaluation, for tests), nvrtc and kernel_cache.
+mask_emit (C++), mask_interpret (numpy evaluation, for tests), nvrtc and kernel_cache; mask_bits_emit and
+mask_bits turn a mod into the bitmask the attention kernels read (the mask-bits kernel).
 """
 
 from __future__ import annotations

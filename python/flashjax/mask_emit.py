@@ -21,7 +21,8 @@ from flashjax.mask_graph import INDEX_NAMES, ConstTable, MaskGraph, Node
 from flashjax.mask_ops import CXX_HELPERS, OPS, cxx_int_literal
 from flashjax.mask_trace import MAX_FIELD_RANK, MAX_FIELDS
 
-__all__ = ["ABI_SOURCE", "DEFAULT_FUNCTION_NAME", "emit_mask_mod_source", "probe_kernel_source"]
+__all__ = ["ABI_SOURCE", "DEFAULT_FUNCTION_NAME", "emit_mask_mod_source", "emit_nodes", "table_definitions",
+           "cxx_type", "probe_kernel_source"]
 
 DEFAULT_FUNCTION_NAME = "flashjax_mask_mod"
 
@@ -52,7 +53,7 @@ __device__ __forceinline__ int fjm_read(const FlashjaxMaskField& f, int i0, int 
 """
 
 
-def _cxx_type(dtype: str) -> str:
+def cxx_type(dtype: str) -> str:
     return "bool" if dtype == "bool" else "int"
 
 
@@ -75,21 +76,13 @@ def _table_read(name: str, table: ConstTable, indices: list[str]) -> str:
     return f"{name}[{' + '.join(terms)}]"
 
 
-def emit_mask_mod_source(graph: MaskGraph, *, function_name: str = DEFAULT_FUNCTION_NAME,
-                         external: bool = False) -> str:
-    """The C++ source of ``graph``'s predicate as ``function_name`` (a C identifier; distinct names let several
-    mods share one translation unit).
-
-    By default the predicate is ``__forceinline__``, for a source that also holds the kernel. ``external=True``
-    makes it ``extern "C" __device__`` instead, for separate compilation (NVRTC ``-rdc=true``, or ``-dlto`` for
-    link-time inlining) and linking into kernels built apart from it.
-    """
-    if not function_name.isidentifier():
-        raise ValueError(f"function_name must be a C identifier, got {function_name!r}")
-    expressions: dict[int, str] = {}  # node id -> how later nodes refer to it
-    tables: dict[ConstTable, str] = {}
+def emit_nodes(graph: MaskGraph, node_ids, expressions: dict[int, str], tables: dict[ConstTable, str], *,
+               table_prefix: str, local_prefix: str = "v") -> list[str]:
+    """One ``const`` local per node of ``node_ids`` (topological order), as C++ lines. ``expressions`` maps every
+    node already available (and, on return, each of these) to how C++ refers to it; constants and indices are
+    inlined, not given locals. Constant tables are named into ``tables`` (``<table_prefix>_table<k>``)."""
     body = []
-    for node_id in graph.reachable():
+    for node_id in node_ids:
         node = graph.nodes[node_id]
         args = [expressions[a] for a in node.args]
         if node.op == "const":
@@ -102,14 +95,35 @@ def emit_mask_mod_source(graph: MaskGraph, *, function_name: str = DEFAULT_FUNCT
             padded = args + ["0"] * (MAX_FIELD_RANK - len(args))
             expression = f"fjm_read(f.field[{node.attr}], {', '.join(padded)})"
         elif node.op == "table":
-            table_name = tables.setdefault(node.attr, f"{function_name}_table{len(tables)}")
+            table_name = tables.setdefault(node.attr, f"{table_prefix}_table{len(tables)}")
             expression = _table_read(table_name, node.attr, args)
         else:
             arg_dtypes = tuple(graph.nodes[a].dtype for a in node.args)
             expression = OPS[node.op].cxx(arg_dtypes, tuple(args))
-        local = f"v{len(body)}"
-        body.append(f"  const {_cxx_type(node.dtype)} {local} = {expression};")
+        local = f"{local_prefix}{len(body)}"
+        body.append(f"  const {cxx_type(node.dtype)} {local} = {expression};")
         expressions[node_id] = local
+    return body
+
+
+def table_definitions(tables: dict[ConstTable, str]) -> list[str]:
+    return [_table_definition(name, table) for table, name in tables.items()]
+
+
+def emit_mask_mod_source(graph: MaskGraph, *, function_name: str = DEFAULT_FUNCTION_NAME,
+                         external: bool = False) -> str:
+    """The C++ source of ``graph``'s predicate as ``function_name`` (a C identifier; distinct names let several
+    mods share one translation unit).
+
+    By default the predicate is ``__forceinline__``, for a source that also holds the kernel. ``external=True``
+    makes it ``extern "C" __device__`` instead, for separate compilation (NVRTC ``-rdc=true``, or ``-dlto`` for
+    link-time inlining) and linking into kernels built apart from it.
+    """
+    if not function_name.isidentifier():
+        raise ValueError(f"function_name must be a C identifier, got {function_name!r}")
+    tables: dict[ConstTable, str] = {}
+    expressions: dict[int, str] = {}  # node id -> how later nodes refer to it
+    body = emit_nodes(graph, graph.reachable(), expressions, tables, table_prefix=function_name)
 
     qualifiers = 'extern "C" __device__' if external else "__device__ __forceinline__"
     field_lines = [f"//   f.field[{k}]: {spec.name}, {spec.dtype}{list(spec.shape)}" for k, spec in enumerate(graph.fields)]
@@ -118,7 +132,7 @@ def emit_mask_mod_source(graph: MaskGraph, *, function_name: str = DEFAULT_FUNCT
         "// Array fields:" if graph.fields else "// No array fields.",
         *field_lines,
         ABI_SOURCE,
-        *(_table_definition(name, table) for table, name in tables.items()),
+        *table_definitions(tables),
         f"{qualifiers} bool {function_name}(int {INDEX_NAMES[0]}, int {INDEX_NAMES[1]}, "
         f"int {INDEX_NAMES[2]}, int {INDEX_NAMES[3]}, const FlashjaxMaskFields& f) {{",
         *body,

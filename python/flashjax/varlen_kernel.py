@@ -1,43 +1,52 @@
-"""Varlen (packed sequences) on the kernels: the sm80 family's forward and backward (csrc/kernels/sm80, docs/design.md
-§2.7).
+"""Varlen (packed sequences) on the kernels: the sm80 family's forward, backward and tangent (csrc/kernels/sm80,
+docs/design.md §2.7).
 
     fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks) -> (out [Tq, Hq, Dv], lse [Hq, Tq])
+    tangent_varlen(q, k, v, cu_q, cu_k, seqused_q, seqused_k, sinks, out, lse; tq, tk, tv, ts) -> (t_out, t_lse)
+        linear in (tq, tk, tv, ts)
     bwd_varlen(q, k, v, out, lse, d_out, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, d_lse, sinks)
         -> (dq, dk, dv, dsinks)
 
 q [Tq, Hq, D], k/v [Tk, Hk, D] at a compiled head width; the offsets are int32 [N + 1], seqused int32 [N] (zeros when
 their flag is off: the CUDA lowering then leaves them out of the FFI call, as primitives.py does with sinks and
 d_lse). The token counts and N are the only shapes: no compile depends on the packing. Operands are in the FFI
-targets' order (flashjax_fwd_varlen, flashjax_bwd_varlen); the backward's workspace exists only inside its lowering,
-sized by the library's plan (one slab per query head, flashjax/workspace.h).
+targets' order (flashjax_fwd_varlen, flashjax_bwd_varlen; the tangent's lowering reorders its own); the backward's
+workspace exists only inside its lowering, sized by the library's plan (one slab per query head,
+flashjax/workspace.h).
 
-The gradients are a jax.custom_vjp whose backward binds bwd_varlen (the packing is not a batch axis, so varlen has
-no vmap or forward-mode rules to keep; primitives.py's fwd / tangent / bwd are the dense path's). The lse cotangent
-is left out of the call when it is a symbolic zero (has_dlse), as the dense path does. Off CUDA both primitives lower
-to the reference: bwd_varlen to the reference's VJP of the same call, with the max_seqlen hints.
+Autodiff is primitives.py's scheme: fwd_varlen's JVP rule emits tangent_varlen (the sm80 tangent kernel,
+flashjax_tangent_varlen) and its transpose runs bwd_varlen, so jax.grad runs the forward and backward kernels and
+jax.jvp / jax.linearize the tangent kernel; bwd_varlen's JVP (jvp of grad) is the reference backward's. The lse
+cotangent is left out of the backward's call when it is a symbolic zero (has_dlse). The packing is not a batch axis:
+vmap is refused before these primitives (primitives.varlen_guard_p). Every primitive carries the max_seqlen hints,
+which only the reference lowerings use (off CUDA: per sequence instead of all Tq x Tk pairs) and no FFI call sees.
 """
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
+from jax.interpreters import ad, mlir
 
 from . import _ffi, primitives, reference
 
 fwd_varlen_p = Primitive("flashjax_fwd_varlen")
-fwd_varlen_p.multiple_results = True
+tangent_varlen_p = Primitive("flashjax_tangent_varlen")
 bwd_varlen_p = Primitive("flashjax_bwd_varlen")
-bwd_varlen_p.multiple_results = True
+for _p in (fwd_varlen_p, tangent_varlen_p, bwd_varlen_p):
+    _p.multiple_results = True
 
 _OPTIONAL = {5: "has_seqused_q", 6: "has_seqused_k", 7: "has_sinks"}  # operand position -> its flag
 _BWD_OPTIONAL = {8: "has_seqused_q", 9: "has_seqused_k", 10: "has_dlse", 11: "has_sinks"}
-_HINTS = ("max_seqlen_q", "max_seqlen_k")  # bwd_varlen's reference lowering only: never FFI attributes
+# flashjax_tangent_varlen's operand order (q, k, v, out, lse, tq, tk, tv, the offsets, seqused_q, seqused_k, sinks,
+# ts) as positions of the primitive's, and the optional ones among them.
+_TANGENT_FFI_ORDER = (0, 1, 2, 8, 9, 10, 11, 12, 3, 4, 5, 6, 7, 13)
+_TANGENT_OPTIONAL = {10: "has_seqused_q", 11: "has_seqused_k", 12: "has_sinks", 13: "has_sinks"}
+_HINTS = ("max_seqlen_q", "max_seqlen_k")  # the reference lowerings' only: never FFI attributes
+_N_PRIMALS = 8  # fwd_varlen's operands, which tangent_varlen's start with
 
 
-def _abstract(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, **_):
+def _abstract(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, *_, **__):
     return (jax.core.ShapedArray(q.shape[:-1] + v.shape[-1:], q.dtype),
             jax.core.ShapedArray((q.shape[1], q.shape[0]), jnp.float32))
 
@@ -47,24 +56,41 @@ def _bwd_abstract(q, k, v, out, lse, d_out, cu_seqlens_q, cu_seqlens_k, seqused_
             jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(sinks.shape, jnp.float32))
 
 
-def _cuda_lowering(ctx, *args, **params):
-    return primitives._ffi_call(_ffi.FWD_VARLEN_TARGET, ctx, args, _OPTIONAL, params)
+def _ffi_params(params):
+    return {name: value for name, value in params.items() if name not in _HINTS}
 
 
-def _bwd_cuda_lowering(ctx, *args, softmax_scale, softcap, window_left, window_right, has_sinks, **params):
-    """The backward's FFI call with the workspace its plan sizes for these token counts and N (the default GPU's plan,
-    as the dense lowering asks it; the handler checks the buffers against its own)."""
+def _plan(ctx, num_offsets, *, softcap, window_left, window_right, has_sinks, **_):
+    """The library's varlen plan of the call as lowered (the default GPU's, as the dense lowering asks it; the
+    handlers check the buffers against their own). num_offsets: cu_seqlens_q's length, N + 1."""
     q, k = ctx.avals_in[0], ctx.avals_in[1]
     device = _ffi.default_device()
-    plan = _ffi.plan(dtype=jnp.dtype(q.dtype).name, batch=ctx.avals_in[6].shape[0] - 1, seqlen_q=q.shape[0],
+    return _ffi.plan(dtype=jnp.dtype(q.dtype).name, batch=num_offsets - 1, seqlen_q=q.shape[0],
                      seqlen_k=k.shape[0], heads_q=q.shape[1], heads_k=k.shape[1], head_dim=q.shape[2],
                      window_left=window_left, window_right=window_right, softcap=float(softcap), has_sinks=has_sinks,
                      varlen=True, device_sm=device[0] if device is not None else 0,
                      num_sms=device[1] if device is not None else 0)
-    attrs = dict(softmax_scale=softmax_scale, softcap=softcap, window_left=window_left, window_right=window_right,
-                 has_sinks=has_sinks, **{name: value for name, value in params.items() if name not in _HINTS})
-    return primitives._ffi_call(_ffi.BWD_VARLEN_TARGET, ctx, args, _BWD_OPTIONAL, attrs,
+
+
+def _cuda_lowering(ctx, *args, **params):
+    return primitives._ffi_call(_ffi.FWD_VARLEN_TARGET, ctx, args, _OPTIONAL, _ffi_params(params))
+
+
+def _bwd_cuda_lowering(ctx, *args, **params):
+    """The backward's FFI call with the workspace its plan sizes for these token counts and N."""
+    plan = _plan(ctx, ctx.avals_in[6].shape[0], **params)
+    return primitives._ffi_call(_ffi.BWD_VARLEN_TARGET, ctx, args, _BWD_OPTIONAL, _ffi_params(params),
                                 workspace=primitives._workspace_avals(plan["bwd"]["workspace"]))
+
+
+def _tangent_cuda_lowering(ctx, *args, **params):
+    """The tangent's FFI call where the plan has a tangent kernel for the call; else the reference's tangent lowered
+    in its place (as the dense tangent does), so that jax.jvp of a varlen call always runs."""
+    if _plan(ctx, ctx.avals_in[3].shape[0], **params).get("tangent", {}).get("family") is None:
+        return mlir.lower_fun(_reference_tangent, multiple_results=True)(ctx, *args, **params)
+    ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in _TANGENT_FFI_ORDER])
+    return primitives._ffi_call(_ffi.TANGENT_VARLEN_TARGET, ctx, [args[i] for i in _TANGENT_FFI_ORDER],
+                                _TANGENT_OPTIONAL, _ffi_params(params))
 
 
 def _reference_fn(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, *, softmax_scale, softcap,
@@ -78,6 +104,11 @@ def _reference_fn(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sin
                                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
+def _reference_tangent(q, k, v, cu_q, cu_k, used_q, used_k, sinks, out, lse, tq, tk, tv, ts, **params):
+    call = lambda q, k, v, sinks: _reference_fn(q, k, v, cu_q, cu_k, used_q, used_k, sinks, **params)
+    return jax.jvp(call, (q, k, v, sinks), (tq, tk, tv, ts))[1]
+
+
 def _reference_bwd(q, k, v, out, lse, d_out, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, d_lse, sinks, *,
                    has_dlse, **params):
     """The reference's VJP of the same call (it recomputes the forward; the kernel takes P from out and lse)."""
@@ -88,66 +119,76 @@ def _reference_bwd(q, k, v, out, lse, d_out, cu_seqlens_q, cu_seqlens_k, seqused
     return dq, dk, dv, dsinks if params["has_sinks"] else jnp.zeros_like(sinks)
 
 
-fwd_varlen_p.def_impl(primitives._eager_impl(fwd_varlen_p))
-fwd_varlen_p.def_abstract_eval(_abstract)
-mlir.register_lowering(fwd_varlen_p, _cuda_lowering, platform="cuda")
-mlir.register_lowering(fwd_varlen_p, mlir.lower_fun(_reference_fn, multiple_results=True))
-bwd_varlen_p.def_impl(primitives._eager_impl(bwd_varlen_p))
-bwd_varlen_p.def_abstract_eval(_bwd_abstract)
-mlir.register_lowering(bwd_varlen_p, _bwd_cuda_lowering, platform="cuda")
-mlir.register_lowering(bwd_varlen_p, mlir.lower_fun(_reference_bwd, multiple_results=True))
+for _p, _abstract_fn, _cuda, _ref in ((fwd_varlen_p, _abstract, _cuda_lowering, _reference_fn),
+                                      (tangent_varlen_p, _abstract, _tangent_cuda_lowering, _reference_tangent),
+                                      (bwd_varlen_p, _bwd_abstract, _bwd_cuda_lowering, _reference_bwd)):
+    _p.def_impl(primitives._eager_impl(_p))
+    _p.def_abstract_eval(_abstract_fn)
+    mlir.register_lowering(_p, _cuda, platform="cuda")
+    mlir.register_lowering(_p, mlir.lower_fun(_ref, multiple_results=True))
 primitives._ATTR_TYPES.update(has_seqused_q=bool, has_seqused_k=bool)
+
+
+# ------------------------------------------------------------------------------------------------ autodiff
+def _fwd_jvp(primals, tangents, **params):
+    out, lse = fwd_varlen_p.bind(*primals, **params)
+    q, k, v, sinks = (primals[i] for i in (0, 1, 2, 7))
+    tq, tk, tv, ts = (ad.instantiate_zeros(tangents[i]) for i in (0, 1, 2, 7))  # the offsets have no tangent
+    t_out, t_lse = tangent_varlen_p.bind(*primals, out, lse, tq, tk, tv, ts, **params)
+    return (out, lse), (t_out, t_lse)
+
+
+def _tangent_transpose(cts, *operands, **params):
+    residuals, linear = operands[:_N_PRIMALS + 2], operands[_N_PRIMALS + 2:]
+    if any(ad.is_undefined_primal(r) for r in residuals):
+        raise ValueError("flashjax: the varlen attention tangent is linear only in (tq, tk, tv, tsinks)")
+    q, k, v, cu_q, cu_k, used_q, used_k, sinks, out, lse = residuals
+    ct_out, ct_lse = cts
+    if isinstance(ct_out, ad.Zero):
+        ct_out = jnp.zeros(out.shape, out.dtype)
+    has_dlse = not isinstance(ct_lse, ad.Zero)
+    d_lse = ct_lse if has_dlse else jnp.zeros(lse.shape, jnp.float32)
+    grads = bwd_varlen_p.bind(q, k, v, out, lse, ct_out, cu_q, cu_k, used_q, used_k, d_lse, sinks,
+                              has_dlse=has_dlse, **params)
+    return [None] * len(residuals) + [g if ad.is_undefined_primal(t) else None for g, t in zip(grads, linear)]
+
+
+_BWD_DIFFERENTIABLE = (0, 1, 2, 3, 4, 5, 10, 11)  # q, k, v, out, lse, d_out, d_lse, sinks (not the offsets)
+
+
+def _bwd_jvp(primals, tangents, **params):
+    """jvp of the backward (jvp of grad): the gradients are the backward kernel's, their tangent the JVP of the
+    reference backward (as primitives._bwd_jvp does for the dense call), the offsets held fixed."""
+    grads = bwd_varlen_p.bind(*primals, **params)
+
+    def reference_bwd(*differentiable):
+        operands = list(primals)
+        for i, x in zip(_BWD_DIFFERENTIABLE, differentiable):
+            operands[i] = x
+        return _reference_bwd(*operands, **params)
+
+    _, t_grads = jax.jvp(reference_bwd, tuple(primals[i] for i in _BWD_DIFFERENTIABLE),
+                         tuple(ad.instantiate_zeros(tangents[i]) for i in _BWD_DIFFERENTIABLE))
+    return grads, list(t_grads)
+
+
+ad.primitive_jvps[fwd_varlen_p] = _fwd_jvp
+ad.primitive_transposes[tangent_varlen_p] = _tangent_transpose
+ad.primitive_jvps[bwd_varlen_p] = _bwd_jvp
 
 
 def _offsets(x, n):
     return jnp.zeros((n,), jnp.int32) if x is None else x.astype(jnp.int32)
 
 
-# params: the primitives' static parameters; hints: (max_seqlen_q, max_seqlen_k), which only the reference lowering
-# of the backward uses (with both, it computes per sequence instead of over all Tq x Tk pairs).
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9))
-def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, params, hints):
-    return tuple(fwd_varlen_p.bind(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, **dict(params)))
-
-
-def _attention_fwd(*primals):
-    # symbolic_zeros: the differentiable primals arrive as CustomVJPPrimal (value, perturbed); params and hints
-    # (nondiff_argnums) as they are.
-    q, k, v, cu_q, cu_k, used_q, used_k, sinks = (getattr(p, "value", p) for p in primals[:8])
-    params = primals[8]
-    out, lse = fwd_varlen_p.bind(q, k, v, cu_q, cu_k, used_q, used_k, sinks, **dict(params))
-    return (out, lse), (q, k, v, cu_q, cu_k, used_q, used_k, sinks, out, lse)
-
-
-def _is_zero(cotangent):
-    return isinstance(cotangent, jax.custom_derivatives.SymbolicZero)
-
-
-def _attention_bwd(params, hints, residuals, cotangents):
-    q, k, v, cu_q, cu_k, used_q, used_k, sinks, out, lse = residuals
-    d_out, d_lse = cotangents
-    d_out = jnp.zeros(out.shape, out.dtype) if _is_zero(d_out) else d_out
-    has_dlse = not _is_zero(d_lse)
-    d_lse = d_lse if has_dlse else jnp.zeros(lse.shape, jnp.float32)
-    max_seqlen_q, max_seqlen_k = hints
-    dq, dk, dv, dsinks = bwd_varlen_p.bind(q, k, v, out, lse, d_out, cu_q, cu_k, used_q, used_k, d_lse, sinks,
-                                           has_dlse=has_dlse, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                           **dict(params))
-    return dq, dk, dv, None, None, None, None, dsinks
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
-
-
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, *, softmax_scale, softcap,
               window_left, window_right, max_seqlen_q=None, max_seqlen_k=None):
     """The varlen call on the kernel path, at q's (already padded) width: (out, lse). The max_seqlen hints (ints or
-    None) reach only the backward's reference lowering (off CUDA)."""
+    None) reach only the reference lowerings (off CUDA)."""
     n = cu_seqlens_q.shape[0] - 1
-    has_sinks = sinks is not None
-    params = (("softmax_scale", softmax_scale), ("softcap", softcap), ("window_left", window_left),
-              ("window_right", window_right), ("has_seqused_q", seqused_q is not None),
-              ("has_seqused_k", seqused_k is not None), ("has_sinks", has_sinks))
     sinks_arr = jnp.zeros((q.shape[1],), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
-    return _attention(q, k, v, cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32),
-                      _offsets(seqused_q, n), _offsets(seqused_k, n), sinks_arr, params, (max_seqlen_q, max_seqlen_k))
+    return tuple(fwd_varlen_p.bind(
+        q, k, v, cu_seqlens_q.astype(jnp.int32), cu_seqlens_k.astype(jnp.int32), _offsets(seqused_q, n),
+        _offsets(seqused_k, n), sinks_arr, softmax_scale=softmax_scale, softcap=softcap, window_left=window_left,
+        window_right=window_right, has_seqused_q=seqused_q is not None, has_seqused_k=seqused_k is not None,
+        has_sinks=sinks is not None, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k))

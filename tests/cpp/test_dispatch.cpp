@@ -120,7 +120,7 @@ TEST_F(ChooseKernel, HopperTakesTheSm90BackwardAtEveryHeadDim) {
   }
 }
 
-// The tangent (jax.jvp) is the sm80 family's on every device, Hopper included; explain says so; varlen is refused.
+// The tangent (jax.jvp) is the sm80 family's on every device, Hopper included, varlen too; explain says so.
 TEST_F(ChooseKernel, TheTangentIsTheSm80FamilysOnEveryDevice) {
   std::vector<KernelEntry> rows = table;
   rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128, 96 * 1024));
@@ -134,9 +134,10 @@ TEST_F(ChooseKernel, TheTangentIsTheSm80FamilysOnEveryDevice) {
   }
   ProblemKey varlen = key(Direction::kTangent, DType::kBFloat16, 128);
   varlen.varlen = true;
-  const Choice refused = choose_kernel(90, archs, varlen, rows);
-  EXPECT_EQ(refused.kernel, nullptr);
-  EXPECT_NE(refused.reason.find("no tangent kernel implements varlen"), std::string::npos) << refused.reason;
+  const Choice packed = choose_kernel(90, archs, varlen, rows, /*smem_per_block_optin=*/0, /*explain=*/true);
+  ASSERT_NE(packed.kernel, nullptr) << packed.reason;
+  EXPECT_STREQ(packed.kernel->family, "sm80");
+  EXPECT_NE(packed.reason.find("forward, backward and tangent"), std::string::npos) << packed.reason;
   const Choice missing = choose_kernel(90, archs, key(Direction::kTangent, DType::kFloat16, 128), rows);
   EXPECT_EQ(missing.kernel, nullptr);
   EXPECT_NE(missing.reason.find("no tangent kernel for fp16 head dim 128"), std::string::npos) << missing.reason;

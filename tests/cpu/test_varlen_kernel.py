@@ -145,3 +145,68 @@ def test_cuda_lowering_of_the_backward_calls_its_target_with_the_plans_workspace
     assert "max_seqlen" not in calls[0] and f"has_seqused_q = {str(seqused).lower()}" in calls[0], calls[0]
     # The plan asked is the varlen one: N sequences, the token counts, the padded width.
     assert asked["varlen"] and asked["batch"] == 3 and asked["seqlen_q"] == 11 and asked["seqlen_k"] == 15, asked
+
+
+def _tangents(seed, primals):
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(x.shape), x.dtype) for x in primals)
+
+
+@pytest.mark.parametrize("seqused", [False, True])
+def test_off_cuda_jvp_linearize_and_jvp_of_grad_match_the_reference(seqused):
+    """Forward mode runs through tangent_varlen (its reference lowering here): jax.jvp, jax.linearize and jvp of grad
+    of the kernel path equal the reference's, with a tangent for every input, sinks included."""
+    q, k, v, sinks = _inputs(6)
+    used_q = jnp.array([2, 0, 7], jnp.int32) if seqused else None
+    used_k = jnp.array([5, 1, 3], jnp.int32) if seqused else None
+    kernel_path = lambda q, k, v, s: varlen_kernel.attention(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K), used_q,
+                                                             used_k, s, **PARAMS)
+    reference_path = lambda q, k, v, s: _reference(q, k, v, s, used_q, used_k)
+    primals = (q, k, v, sinks)
+    tangents = _tangents(7, primals)
+    jaxpr = jax.make_jaxpr(lambda *a: jax.jvp(kernel_path, a[:4], a[4:]))(*primals, *tangents)
+    assert any(e.primitive is varlen_kernel.tangent_varlen_p for e in jaxpr.jaxpr.eqns)
+    (got_out, got_t), (want_out, want_t) = (jax.jvp(f, primals, tangents) for f in (kernel_path, reference_path))
+    finite = lambda x: jnp.where(jnp.isfinite(x), x, 0.0)
+    for g, w in zip((*got_out, *got_t), (*want_out, *want_t)):
+        np.testing.assert_allclose(finite(g), finite(w), rtol=1e-5, atol=1e-5)
+    _, linear = jax.linearize(kernel_path, *primals)
+    for g, w in zip(linear(*tangents), want_t):
+        np.testing.assert_allclose(finite(g), finite(w), rtol=1e-5, atol=1e-5)
+
+    def loss(fn):
+        return lambda *a: jnp.sum(fn(*a)[0] ** 2)
+
+    hvp = lambda fn: jax.jvp(jax.grad(loss(fn), argnums=(0, 1, 2, 3)), primals, tangents)[1]
+    for g, w in zip(hvp(kernel_path), hvp(reference_path)):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seqused,has_sinks", [(False, False), (True, True)])
+def test_cuda_lowering_of_the_jvp_calls_the_varlen_tangent_target(monkeypatch, seqused, has_sinks):
+    """flashjax_tangent_varlen's operands in the handler's order with only the present optional ones (seqused_q,
+    seqused_k, sinks, tsinks), no max_seqlen attribute; where the plan has no tangent kernel, the reference's tangent
+    is lowered instead (no tangent target in the module)."""
+    monkeypatch.setattr(varlen_kernel._ffi, "register_targets", lambda: None)
+    monkeypatch.setattr(varlen_kernel._ffi, "default_device", lambda: (80, 108))
+    family = {"value": "sm80"}
+    monkeypatch.setattr(varlen_kernel._ffi, "plan", lambda **call: {"tangent": {"family": family["value"]}})
+    q, k, v, sinks = _inputs(8, jnp.bfloat16)
+    used = jnp.array([1, 0, 2], jnp.int32) if seqused else None
+
+    def fn(q, k, v, tq, tk, tv, ts):
+        call = lambda q, k, v, s: varlen_kernel.attention(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K), used, used,
+                                                          s if has_sinks else None, max_seqlen_q=7, **PARAMS)
+        return jax.jvp(call, (q, k, v, sinks), (tq, tk, tv, ts))
+
+    def calls():  # a new function each time: jit's lowering cache would hand back the first module
+        text = jax.jit(lambda *a: fn(*a)).trace(q, k, v, q, k, v, sinks).lower(lowering_platforms=("cuda",)).as_text()
+        return [line for line in text.splitlines() if "stablehlo.custom_call @flashjax_tangent" in line]
+
+    found = calls()
+    assert len(found) == 1 and "@flashjax_tangent_varlen(" in found[0], found
+    operands = found[0].split("(", 1)[1].split(")", 1)[0].split(",")
+    assert len(operands) == 10 + 2 * seqused + 2 * has_sinks
+    assert "max_seqlen" not in found[0] and "tensor<11x4x16xbf16>" in found[0] and "tensor<4x11xf32>" in found[0]
+    family["value"] = None
+    assert calls() == []

@@ -126,6 +126,7 @@ struct Variant {
   const KernelEntry* varlen_fwd;  // what dispatch picks for varlen (nullptr: none)
   const KernelEntry* varlen_bwd;
   const KernelEntry* tangent;  // nullptr: no tangent kernel for this variant (the config then skips the tangent)
+  const KernelEntry* varlen_tangent;  // what dispatch picks for a varlen tangent (nullptr: none)
   const KernelEntry* mask_fwd;  // what dispatch picks for a mask mod (the sm80 family; nullptr: none)
   const KernelEntry* mask_bwd;
 };
@@ -454,50 +455,53 @@ BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& ker
   return bp;
 }
 
-// The tangent after the forward fp ran (o, lse): tangent_impl's fields, random tangents for q, k, v and sinks, outputs
-// poisoned; t_out and t_lse against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
-// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
-// t_sink (0 without sinks).
-void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
-                 cudaStream_t stream) {
-  const int D = variant.head_dim;
-  const DType dtype = variant.dtype;
-  const int64_t n_q = int64_t(c.batch) * c.seqlen_q * c.heads_q * D;
-  const int64_t n_k = int64_t(c.batch) * c.seqlen_k * c.heads_k * D;
-  const int64_t n_lse = int64_t(c.batch) * c.heads_q * c.seqlen_q;
+// The tangent after the forward fp ran (o, lse), dense or varlen: tangent_impl's fields from fp, random tangents for
+// q, k, v (and sinks where fp has them), t_out and t_lse poisoned, launched on `kernel` and waited for.
+TangentParams run_tangent_pass(const FwdParams& fp, const KernelEntry& kernel, uint64_t seed, Arena& arena,
+                               cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
   TangentParams tp;
   static_cast<flashjax::AttnShape&>(tp) = fp;
-  void* tq = alloc_element(arena, n_q);
-  void* tk = alloc_element(arena, n_k);
-  void* tv = alloc_element(arena, n_k);
-  float* tsinks = c.sinks ? arena.alloc<float>(c.heads_q) : nullptr;
-  void* t_out = alloc_element(arena, n_q);
-  float* t_lse = arena.alloc<float>(n_lse);
-  fill_element(tq, n_q, dtype, seed + 11);
-  fill_element(tk, n_k, dtype, seed + 12);
-  fill_element(tv, n_k, dtype, seed + 13);
-  if (tsinks != nullptr) fill(tsinks, c.heads_q, seed + 14);
-  poison(t_out, 2 * n_q);
-  poison(t_lse, 4 * n_lse);
   tp.q = fp.q;
   tp.k = fp.k;
   tp.v = fp.v;
   tp.o = fp.o;
   tp.lse = fp.lse;
   tp.sinks = fp.sinks;
+  void* tq = alloc_element(arena, n.q);
+  void* tk = alloc_element(arena, n.k);
+  void* tv = alloc_element(arena, n.k);
+  fill_element(tq, n.q, fp.dtype, seed + 11);
+  fill_element(tk, n.k, fp.dtype, seed + 12);
+  fill_element(tv, n.k, fp.dtype, seed + 13);
   tp.tq = tq;
   tp.tk = tk;
   tp.tv = tv;
-  tp.tsinks = tsinks;
-  tp.t_out = t_out;
-  tp.t_lse = t_lse;
-  CUDA_CHECK(cudaDeviceSynchronize());
-  if (const cudaError_t err = launch(*variant.tangent, tp, stream); err != cudaSuccess) {
-    throw Failure{std::string("tangent launch: ") + cudaGetErrorString(err)};
+  if (fp.sinks != nullptr) {
+    float* tsinks = arena.alloc<float>(fp.heads_q);
+    fill(tsinks, fp.heads_q, seed + 14);
+    tp.tsinks = tsinks;
   }
-  if (const cudaError_t err = cudaStreamSynchronize(stream); err != cudaSuccess) {
-    throw Failure{std::string("tangent: ") + cudaGetErrorString(err)};
-  }
+  tp.t_out = alloc_element(arena, n.q);
+  tp.t_lse = arena.alloc<float>(n.lse);
+  poison(tp.t_out, 2 * n.q);
+  poison(tp.t_lse, 4 * n.lse);
+  launch_and_wait(kernel, tp, stream, "tangent");
+  return tp;
+}
+
+// The dense tangent, checked against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
+// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
+// t_sink (0 without sinks).
+void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
+                 cudaStream_t stream) {
+  const int D = variant.head_dim;
+  const DType dtype = variant.dtype;
+  const Sizes sizes = sizes_of(fp);
+  const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
+  const TangentParams tp = run_tangent_pass(fp, *variant.tangent, seed, arena, stream);
+  const void *tq = tp.tq, *tk = tp.tk, *tv = tp.tv, *t_out = tp.t_out;
+  const float *t_lse = tp.t_lse, *tsinks = tp.tsinks;
 
   const auto h = [&](const void* x, int64_t n) { return elements_to_host(x, n, dtype); };
   const std::vector<float> hq = h(fp.q, n_q), hk = h(fp.k, n_k), hv = h(fp.v, n_k), htq = h(tq, n_q),
@@ -792,6 +796,14 @@ void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant,
   const DType dtype = variant.dtype;
   const Sizes sizes = sizes_of(fp);
   const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
+  std::vector<float> ht_out, ht_lse;  // the tangent's, where this build has a varlen tangent kernel
+  if (variant.tangent != nullptr) {
+    const TangentParams tp = run_tangent_pass(fp, *variant.tangent, seed, arena, stream);
+    ht_out = elements_to_host(tp.t_out, n_q, dtype);
+    ht_lse = floats_to_host(tp.t_lse, n_lse);
+    expect_finite(ht_out, "t_out");
+    expect_finite(ht_lse, "t_lse");
+  }
   const void *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
   const float *lse = fp.lse, *dsinks = bp.dsinks;
 
@@ -815,15 +827,20 @@ void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant,
   for (int r = 0; r < c.total_q; ++r) {
     if (!rows_q[r]) continue;
     for (int h = 0; h < c.heads_q; ++h) {
+      if (!ht_lse.empty() && ht_lse[int64_t(h) * c.total_q + r] != 0.f) {
+        throw Failure{"unused query row " + std::to_string(r) + " has t_lse " +
+                      std::to_string(ht_lse[int64_t(h) * c.total_q + r]) + " instead of 0"};
+      }
       if (hlse[int64_t(h) * c.total_q + r] != -INFINITY) {
         throw Failure{"unused query row " + std::to_string(r) + " has lse " +
                       std::to_string(hlse[int64_t(h) * c.total_q + r]) + " instead of -inf"};
       }
       for (int d = 0; d < D; ++d) {
         const int64_t at = (int64_t(r) * c.heads_q + h) * D + d;
-        if (ho[at] != 0.f || hdq[at] != 0.f) {
+        if (ho[at] != 0.f || hdq[at] != 0.f || (!ht_out.empty() && ht_out[at] != 0.f)) {
           throw Failure{"unused query row " + std::to_string(r) + ": out " + std::to_string(ho[at]) + ", dq " +
-                        std::to_string(hdq[at]) + " instead of 0"};
+                        std::to_string(hdq[at]) + (ht_out.empty() ? "" : ", t_out " + std::to_string(ht_out[at])) +
+                        " instead of 0"};
         }
       }
     }
@@ -868,8 +885,12 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kFwd;
     const flashjax::Choice varlen_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                                 flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kTangent;
+    const flashjax::Choice varlen_tangent = flashjax::choose_kernel(
+        device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.varlen = false;
     key.mask_mod = true;  // the mask-mod configs' kernels (the sm80 family's on every device)
+    key.direction = flashjax::Direction::kFwd;
     const flashjax::Choice mask_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                               flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.direction = flashjax::Direction::kBwd;
@@ -877,7 +898,7 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
                                                               flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
-                          tangent.kernel, mask_fwd.kernel, mask_bwd.kernel});
+                          tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -991,9 +1012,10 @@ int main(int argc, char** argv) {
     const Variant& variant = variants[j % variants.size()];
     if (variant.varlen_fwd == nullptr || variant.varlen_bwd == nullptr) continue;  // no sm80 family in this build
     const Variant varlen{variant.dtype, variant.head_dim, variant.varlen_fwd, variant.varlen_bwd, nullptr, nullptr,
-                         nullptr, nullptr, nullptr};
-    std::printf("[%d] %s %s D%d fwd %s bwd %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
-                variant.head_dim, varlen.fwd->family, varlen.bwd->family);
+                         variant.varlen_tangent, nullptr};
+    std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
+                variant.head_dim, varlen.fwd->family, varlen.bwd->family,
+                varlen.tangent != nullptr ? varlen.tangent->family : "none");
     if (!attempt(i, [&] { run_varlen_config(i, kVarlenConfigs[j], varlen, stream); })) return 1;
   }
   cudaStreamDestroy(stream);

@@ -1,6 +1,7 @@
 // Host launcher of the sm80-family tangent kernel: defines flashjax::sm80::run_tangent, tangent_smem_bytes and
 // tangent_choices (declared in launch.h). Included by the generated instantiation files, one per (Element, head dim,
-// shared-memory budget). One launch, no workspace; never synchronizes, allocates or reads device memory.
+// shared-memory budget). One launch (varlen: after two memsets), no workspace; never synchronizes, allocates or reads
+// device memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,11 +21,19 @@ namespace flashjax::sm80 {
 template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream) {
   using Layouts = TangentLayouts<Element, kHeadDim, kSmemKB>;
-  // Varlen tangents are not wired (dispatch refuses them; the kernel's scheduler would take them, but the rows no
-  // tile stores would need the forward's prefill).
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      params.cu_seqlens_q != nullptr || (params.sinks != nullptr) != (params.tsinks != nullptr)) {
+      (params.sinks != nullptr) != (params.tsinks != nullptr)) {
     return cudaErrorInvalidValue;
+  }
+  if (params.cu_seqlens_q != nullptr) {
+    // Varlen: the rows no tile stores (past a sequence's seqused, outside every sequence) have a constant primal (out
+    // 0, lse -inf: fill_varlen_outputs), so their tangent is 0; both outputs are contiguous (the handler's [Tq, Hq,
+    // D] and [Hq, Tq]) and all-zero bits are 0.f, so two memsets fill them before the kernel (stream-ordered).
+    if (params.batch != 1 || params.num_seqs < 0) return cudaErrorInvalidValue;
+    const int64_t rows = int64_t(params.seqlen_q) * params.heads_q;
+    cudaError_t err = cudaMemsetAsync(params.t_out, 0, rows * params.head_dim * sizeof(Element), stream);
+    if (err == cudaSuccess) err = cudaMemsetAsync(params.t_lse, 0, rows * sizeof(float), stream);
+    if (err != cudaSuccess) return err;
   }
   const int64_t num_ctas = FwdTileScheduler<Layouts::kBlockM>::num_ctas(params);
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write

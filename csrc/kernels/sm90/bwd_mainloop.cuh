@@ -147,6 +147,16 @@ struct BwdMainloopSm90 {
   using SmemLayoutDs = decltype(cute::tile_to_shape(SmemLayoutAtomDs{}, cute::Shape<BlockM, BlockN>{}));
   using SmemLayoutDst = decltype(cute::composition(
       SmemLayoutDs{}, cute::make_layout(cute::Shape<BlockN, BlockM>{}, cute::Stride<BlockM, cute::_1>{})));
+  // dS buffers, alternating by step where the warpgroups split by keys: a step writes the buffer its predecessor's
+  // predecessor read, whose dQ GEMMs both warpgroups had finished before arriving at the previous step's barrier, so
+  // one 256-thread barrier a step (after the writes) suffices. kByHeadDim keeps one dS (shared memory is full there)
+  // and the barrier before the writes, which also guards P.
+  static constexpr int kDsStages = kSplitByHeadDim ? 1 : 2;
+  using SmemLayoutDsStaged = decltype(cute::tile_to_shape(SmemLayoutAtomDs{},
+                                                          cute::Shape<BlockM, BlockN, cute::Int<kDsStages>>{}));
+  using SmemLayoutDstStaged = decltype(cute::composition(
+      SmemLayoutDsStaged{}, cute::make_layout(cute::Shape<BlockN, BlockM, cute::Int<kDsStages>>{},
+                                              cute::Stride<BlockM, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
   static constexpr int kDsValuesPerThread = kBlockM * kBlockN / kMmaThreads;
   using SmemCopyAtomDs = cute::Copy_Atom<
       std::conditional_t<kDsValuesPerThread % 8 == 0, cute::SM90_U16x8_STSM_T, cute::SM90_U16x4_STSM_T>, Element>;
@@ -158,7 +168,7 @@ struct BwdMainloopSm90 {
   static constexpr int kDqPartFloats = kBlockM * kHeadDim / kMmaWarpgroups;
 
   static constexpr int kDsElements = cute::cosize_v<SmemLayoutDs>;
-  static constexpr int kDsBuffers = kSplitByHeadDim ? 2 : 1;
+  static constexpr int kDsBuffers = kDsStages + (kSplitByHeadDim ? 1 : 0);  // dS stages, then P with kByHeadDim
   static_assert(kDsElements * sizeof(Element) % 1024 == 0, "P's buffer starts at a swizzle-aligned address");
 
   struct TensorStorage {
@@ -166,7 +176,7 @@ struct BwdMainloopSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQdO>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQdO>, 1024> dout;
-    cute::array_aligned<Element, kDsBuffers * kDsElements, 1024> ds;  // dS, then P with kByHeadDim
+    cute::array_aligned<Element, kDsBuffers * kDsElements, 1024> ds;  // dS stages, then P with kByHeadDim
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     cute::array_aligned<float, kStages * kBlockM, 128> lse_log2;  // per stage: the Q rows' LSE in log2 units
     cute::array_aligned<float, kStages * kBlockM, 128> dpsum;     // per stage: the dO rows' D'
@@ -383,8 +393,8 @@ struct BwdMainloopSm90 {
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
     Tensor s_kt = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutKt{});
     Tensor s_v = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutV{});
-    Tensor s_ds = make_tensor(make_smem_ptr(tensors.ds.data()), SmemLayoutDs{});
-    Tensor s_dst = make_tensor(make_smem_ptr(tensors.ds.data()), SmemLayoutDst{});
+    Tensor s_ds = make_tensor(make_smem_ptr(tensors.ds.data()), SmemLayoutDsStaged{});
+    Tensor s_dst = make_tensor(make_smem_ptr(tensors.ds.data()), SmemLayoutDstStaged{});
 
     TiledMmaSdP mma_sdp;
     TiledMmaDkv mma_dkv;
@@ -398,13 +408,13 @@ struct BwdMainloopSm90 {
     Tensor tdPrdO = thr_sdp.partition_fragment_B(s_do);
     Tensor tdVrdO = thr_dkv.partition_fragment_B(s_dot);  // (MMA, MMA_N, MMA_K, stage)
     Tensor tdKrQ = thr_dkv.partition_fragment_B(s_qt);
-    Tensor tdQrdS = thr_dq.partition_fragment_A(s_ds);
+    Tensor tdQrdS = thr_dq.partition_fragment_A(s_ds);  // (MMA, MMA_M, MMA_K, ds stage)
     Tensor tdQrK = thr_dq.partition_fragment_B(s_kt);
     auto copy_ds = make_tiled_copy_C(SmemCopyAtomDs{}, mma_sdp);
     auto thr_copy_ds = copy_ds.get_thread_slice(thread_idx);
-    Tensor tdSsdS = thr_copy_ds.partition_D(as_position_independent_swizzle_tensor(s_dst));
+    Tensor tdSsdS = thr_copy_ds.partition_D(as_position_independent_swizzle_tensor(s_dst));  // (CPY, M, N, ds stage)
     // kByHeadDim: P's stmatrix destination, and the shared-memory A operands (descriptors) of dV and dK.
-    Element* const p_buffer = tensors.ds.data() + (kDsBuffers - 1) * kDsElements;
+    Element* const p_buffer = tensors.ds.data() + kDsStages * kDsElements;
     auto tPsP = [&] {
       if constexpr (kSplitByHeadDim) {
         return thr_copy_ds.partition_D(
@@ -428,6 +438,7 @@ struct BwdMainloopSm90 {
 
     barriers.kv.wait(0);
     State read;
+    int ds_stage = 0;
     for (int h = 0; h < steps.group; ++h) {
       CUTE_NO_UNROLL
       for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
@@ -484,9 +495,10 @@ struct BwdMainloopSm90 {
         Tensor r_ds = make_tensor<Element>(common::wgmma_acc_as_a_layout(acc_dp.layout()));
         common::convert_fragment_into(acc_dp, r_ds);
 
-        // dS^T (and P^T) into shared memory, once both warpgroups' GEMMs of the previous step have read them.
-        cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
-        copy(copy_ds, thr_copy_ds.retile_S(make_tensor(r_ds.data(), acc_dp.layout())), tdSsdS);
+        // dS^T (and P^T) into shared memory; with one dS buffer once both warpgroups' GEMMs of the previous step
+        // have read it (kDsStages says why two buffers need no wait).
+        if constexpr (kDsStages == 1) cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
+        copy(copy_ds, thr_copy_ds.retile_S(make_tensor(r_ds.data(), acc_dp.layout())), tdSsdS(_, _, _, ds_stage));
         if constexpr (kSplitByHeadDim) {
           copy(copy_ds, thr_copy_ds.retile_S(make_tensor(r_p.data(), acc_s.layout())), tPsP);
         } else {
@@ -513,8 +525,9 @@ struct BwdMainloopSm90 {
           }
         };
         Tensor acc_dq = partition_fragment_C(mma_dq, DqPassShape{});
+        Tensor tdQrdS_step = tdQrdS(_, _, _, ds_stage);
         if constexpr (kDqPasses == 1) {
-          common::wgmma_gemm<true, 1>(mma_dq, tdQrdS, tdQrK, acc_dq);  // waits for dV: dO is read
+          common::wgmma_gemm<true, 1>(mma_dq, tdQrdS_step, tdQrK, acc_dq);  // waits for dV: dO is read
           pipeline_do.consumer_release(read);
           gemm_dk();
           warpgroup_fence_operand(acc_dq);
@@ -529,14 +542,14 @@ struct BwdMainloopSm90 {
                                                           make_coord(slice, _0{})));
           };
           Tensor tdQrK_first = dq_slice_b(0);
-          common::wgmma_gemm<true, 1>(mma_dq, tdQrdS, tdQrK_first, acc_dq);  // waits for dV: dO is read
+          common::wgmma_gemm<true, 1>(mma_dq, tdQrdS_step, tdQrK_first, acc_dq);  // waits for dV: dO is read
           pipeline_do.consumer_release(read);
           gemm_dk();
           warpgroup_fence_operand(acc_dq);
           cutlass::arch::NamedBarrier::sync(128 + cutlass::NumThreadsPerWarp, BwdNamedBarrier::dq_empty(warpgroup));
           stage_dq(acc_dq, 0);
           Tensor tdQrK_second = dq_slice_b(1);
-          common::wgmma_gemm<true, 0>(mma_dq, tdQrdS, tdQrK_second, acc_dq);  // and dK before it
+          common::wgmma_gemm<true, 0>(mma_dq, tdQrdS_step, tdQrK_second, acc_dq);  // and dK before it
           stage_dq(acc_dq, size(acc_dq) / 4);
         }
         cutlass::arch::fence_view_async_shared();  // visible to the bulk reduce (async proxy)
@@ -546,6 +559,7 @@ struct BwdMainloopSm90 {
         warpgroup_fence_operand(acc_dk);
         pipeline_q.consumer_release(read);
         ++read;
+        if constexpr (kDsStages == 2) ds_stage ^= 1;
       }
     }
   }

@@ -11,8 +11,9 @@ struct BwdNamedBarrier {
   static constexpr uint32_t kDqFullBase = 0;
   // The dQ writer warp -> MMA warpgroup w: the bulk reduce has read w's staging buffer, the next dQ may go in.
   static constexpr uint32_t kDqEmptyBase = kDqFullBase + kMmaWarpgroups;
-  // Both MMA warpgroups (256 threads), twice a step: before dS is written (the other warpgroup's dQ GEMM of the
-  // previous step has read it) and after (the whole dS is in shared memory for this step's dQ GEMM).
+  // Both MMA warpgroups (256 threads): after dS is written (the whole dS is in shared memory for this step's dQ
+  // GEMM) and, where there is one dS buffer (kByHeadDim), also before (the other warpgroup's GEMMs of the previous
+  // step have read dS and P).
   static constexpr uint32_t kDsSync = kDqEmptyBase + kMmaWarpgroups;
   static_assert(kDsSync + 1 <= 8, "ids 0..7: CUTLASS offsets user ids past its reserved ones, and a CTA has 16");
 
