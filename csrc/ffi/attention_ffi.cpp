@@ -196,6 +196,37 @@ ffi::Error fill_fwd(FwdParams& p, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBu
   return ffi::Error::Success();
 }
 
+// A mask mod's bits (dense calls; layout in flashjax/params.h): uint32 [Bm, Hm, Sq, Wk] with Bm 1 or B, Hm 1 or Hq,
+// Wk = ceil(Sk / 32). Their values are device data the kernels read only inside these bounds.
+ffi::Error fill_mask_bits(AttnShape& p, const ffi::Buffer<ffi::U32>& bits) {
+  const auto d = bits.dimensions();
+  const int64_t words = mask_bits_words(p.seqlen_k);
+  if (d.size() != 4 || (d[0] != 1 && d[0] != p.batch) || (d[1] != 1 && d[1] != p.heads_q) || d[2] != p.seqlen_q ||
+      d[3] != words) {
+    return invalid("mask_bits must be uint32 [1 or B, 1 or Hq, Sq, ceil(Sk / 32)] = [1 or " +
+                   std::to_string(p.batch) + ", 1 or " + std::to_string(p.heads_q) + ", " +
+                   std::to_string(p.seqlen_q) + ", " + std::to_string(words) + "], got " + dims_str(d));
+  }
+  p.mask_bits = bits.typed_data();
+  p.mask_words = static_cast<int32_t>(words);
+  p.mask_head_stride = d[1] > 1 ? int64_t(p.seqlen_q) * words : 0;
+  p.mask_batch_stride = d[0] > 1 ? d[1] * int64_t(p.seqlen_q) * words : 0;
+  // B = 1 or Hq = 1: a stride of 0 reads the same words, so "broadcast" and "per batch / head" are the same layout.
+  return ffi::Error::Success();
+}
+
+// The pass's tile-class workspace, checked against mask_tile_classes_layout for the planned kernel's tiles.
+ffi::Error take_mask_tile_classes(AttnShape& p, const PassPlan& plan, ffi::Result<ffi::Buffer<ffi::U8>>& classes) {
+  const MaskTileClassesLayout layout = mask_tile_classes_layout(
+      p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, plan.choices.block_m, plan.choices.block_n);
+  if (plan.choices.block_m <= 0 || classes->element_count() < static_cast<size_t>(layout.bytes)) {
+    return invalid("mask-mod tile-class workspace has " + std::to_string(classes->element_count()) +
+                   " bytes; the planned kernel's tiles need " + std::to_string(layout.bytes));
+  }
+  p.mask_tile_classes = classes->typed_data();
+  return ffi::Error::Success();
+}
+
 ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                     ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
                     ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_sinks, float softcap, float softmax_scale,
@@ -206,6 +237,26 @@ ffi::Error fwd_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
     return err;
   }
   const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  apply_choices(plan, p);
+  return launch(plan, p, stream);
+}
+
+// The forward with a mask mod (issue 38; a separate target, so that the plain one keeps the signature exported calls
+// were lowered with): q, k, v, the mask bits, then sinks as has_sinks says; o, lse and the tile-class workspace.
+ffi::Error fwd_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                             ffi::AnyBuffer v, ffi::Buffer<ffi::U32> mask_bits, ffi::RemainingArgs optional,
+                             ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                             ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_sinks, float softcap,
+                             float softmax_scale, int32_t window_left, int32_t window_right) {
+  FwdParams p;
+  if (auto err = fill_fwd(p, q, k, v, optional, o, lse, has_sinks, softcap, softmax_scale, window_left, window_right);
+      err.failure()) {
+    return err;
+  }
+  if (auto err = fill_mask_bits(p, mask_bits); err.failure()) return err;
+  const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  if (plan.kernel == nullptr) return launch(plan, p, stream);
+  if (auto err = take_mask_tile_classes(p, plan, tile_classes); err.failure()) return err;
   apply_choices(plan, p);
   return launch(plan, p, stream);
 }
@@ -346,15 +397,23 @@ ffi::Error run_backward(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, 
                         ffi::Result<ffi::Buffer<ffi::F32>>& dsinks, ffi::Result<ffi::Buffer<ffi::F32>>& dq_accum,
                         ffi::Result<ffi::Buffer<ffi::F32>>& dpsum, ffi::Result<ffi::Buffer<ffi::F32>>& lse_log2,
                         ffi::Result<ffi::Buffer<ffi::S32>>* dq_semaphore, bool has_dlse, bool has_sinks,
-                        float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+                        float softcap, float softmax_scale, int32_t window_left, int32_t window_right,
+                        const ffi::Buffer<ffi::U32>* mask_bits = nullptr,
+                        ffi::Result<ffi::Buffer<ffi::U8>>* tile_classes = nullptr) {
   BwdParams p;
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
+  }
+  if (mask_bits != nullptr) {
+    if (auto err = fill_mask_bits(p, *mask_bits); err.failure()) return err;
   }
   p.deterministic = dq_semaphore != nullptr;
   const PassPlan plan = plan_for(ordinal, Direction::kBwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false,
                                  p.deterministic);
   if (plan.kernel == nullptr) return launch(plan, p, stream);
+  if (tile_classes != nullptr) {
+    if (auto err = take_mask_tile_classes(p, plan, *tile_classes); err.failure()) return err;
+  }
   if (p.deterministic) {
     if ((*dq_semaphore)->element_count() < static_cast<size_t>(bwd_dq_semaphores(p.batch, p.heads_q, p.seqlen_q))) {
       return invalid("deterministic backward's dq_semaphore workspace is smaller than the problem needs");
@@ -393,6 +452,22 @@ ffi::Error bwd_deterministic_impl(cudaStream_t stream, int32_t ordinal, ffi::Any
                                   float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
   return run_backward(stream, ordinal, q, k, v, o, lse, dout, optional, dq, dk, dv, dsinks, dq_accum, dpsum, lse_log2,
                       &dq_semaphore, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right);
+}
+
+// The backward with a mask mod (issue 38): the dense backward's operands with the forward's mask bits after dout
+// (the same array: a residual, not recomputed), and the tile-class workspace after the f32 one.
+ffi::Error bwd_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                             ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                             ffi::Buffer<ffi::U32> mask_bits, ffi::RemainingArgs optional,
+                             ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                             ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                             ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                             ffi::Result<ffi::Buffer<ffi::F32>> lse_log2,
+                             ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_dlse, bool has_sinks,
+                             float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+  return run_backward(stream, ordinal, q, k, v, o, lse, dout, optional, dq, dk, dv, dsinks, dq_accum, dpsum, lse_log2,
+                      nullptr, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right, &mask_bits,
+                      &tile_classes);
 }
 
 // The varlen backward: q, k, v, o, lse [Hq, Tq], dout, the offsets, then the optional seqused_q, seqused_k ([N]
@@ -611,6 +686,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
                                   .Attr<int32_t>("window_right"),
                               {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_mask_mod, flashjax::fwd_mask_mod_impl,
+                              flashjax::qkv_binding()
+                                  .Arg<ffi::Buffer<ffi::U32>>()     // mask_bits [Bm, Hm, Sq, Wk]
+                                  .RemainingArgs()                  // sinks [Hq] f32 (see OptionalOperands)
+                                  .Ret<ffi::AnyBuffer>()            // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
+                                  .Ret<ffi::Buffer<ffi::U8>>()      // workspace: mask_tile_classes
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
                               flashjax::fwd_binding()
                                   .Ret<ffi::Buffer<ffi::F32>>()     // workspace: o_partial [B, splits, Hq, Sq, D]
@@ -663,6 +752,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_varlen, flashjax::bwd_varlen_impl,
                                                                  .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_q
                                                                  .Arg<ffi::Buffer<ffi::S32>>())   // cu_seqlens_k
                                       .Attr<bool>("has_dlse")),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_mask_mod, flashjax::bwd_mask_mod_impl,
+                              flashjax::with_bwd_attrs(
+                                  flashjax::with_bwd_results(
+                                      flashjax::bwd_operands().Arg<ffi::Buffer<ffi::U32>>())  // mask_bits
+                                      .Ret<ffi::Buffer<ffi::U8>>()),  // workspace: mask_tile_classes
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_deterministic, flashjax::bwd_deterministic_impl,

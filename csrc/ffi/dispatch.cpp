@@ -99,8 +99,18 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Varlen runs on the portable sm80 family on every arch, forward, backward and tangent (sm90 included, until its
   // kernels take packed sequences).
   constexpr std::string_view kVarlenFamily = "sm80";
-  if (problem.mask_mod) {
-    choice.reason = "no kernel implements mask_mod yet";
+  // Mask mods (issue 38) run on the sm80 forward and backward on every arch, Hopper included: the sm90 kernels do
+  // not take the mask bits yet. Not with varlen (b would be the sequence, the indices sequence-local) nor in the
+  // tangent (jax.jvp of a mask-mod call evaluates the reference's tangent, primitives.py).
+  constexpr std::string_view kMaskModFamily = "sm80";
+  if (problem.mask_mod && problem.varlen) {
+    choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
+                    "the sm80 kernels)";
+    return choice;
+  }
+  if (problem.mask_mod && problem.direction == Direction::kTangent) {
+    choice.reason = "no tangent kernel implements mask_mod yet (the sm80 forward and backward do; jax.jvp of a "
+                    "mask-mod call evaluates the reference's tangent)";
     return choice;
   }
   bool code_for_device = false;
@@ -124,7 +134,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
         entry.head_dim != problem.head_dim || !family_runs ||
-        (problem.varlen && entry.family != kVarlenFamily)) {
+        (problem.varlen && entry.family != kVarlenFamily) ||
+        (problem.mask_mod && entry.family != kMaskModFamily)) {
       continue;
     }
     if (ordered && !entry.deterministic) {
@@ -158,7 +169,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
-                    (problem.varlen ? " (varlen: the sm80 family on every device, forward, backward and tangent; "
+                    (problem.mask_mod ? " (mask mod: the sm80 family on every device, forward and backward, the "
+                                        "mask bits' tiles classified empty / full / partial; the sm90 kernels do "
+                                        "not take mask mods yet)"
+                     : problem.varlen ? " (varlen: the sm80 family on every device, forward, backward and tangent; "
                                       "varlen is not on the sm90 kernels yet)"
                      : problem.direction == Direction::kTangent
                          ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "

@@ -24,10 +24,17 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
 }
 
 // varlen: shape.batch is the sequence count N and seqlen_q the token count Tq (problem_of's convention).
+// mask_mod: the pass's tile classes come last (mask_tile_classes_layout, for the family's tiles of this pass).
 std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
-                                          bool deterministic, bool varlen) {
+                                          bool deterministic, bool varlen, bool mask_mod,
+                                          const FamilyChoices& choices) {
   if (direction == Direction::kTangent) return {};  // the tangent kernel needs no workspace
+  const MaskTileClassesLayout classes = mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q,
+                                                                 shape.seqlen_k, choices.block_m, choices.block_n);
+  const WorkspaceBuffer classes_buffer = {"mask_tile_classes",
+                                          {shape.batch, shape.heads_q, classes.m_blocks, classes.n_blocks}, "uint8"};
   if (direction == Direction::kFwd) {
+    if (mask_mod) return {classes_buffer};  // the sm80 forward, which never splits
     if (num_splits <= 1) return {};
     return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
             {"lse_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q}}};
@@ -47,6 +54,7 @@ std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& 
     buffers.push_back(
         {"dq_semaphore", {shape.batch, shape.heads_q, layout.seqlen_q_rounded / kBwdDqSemaphoreRows}, "int32"});
   }
+  if (mask_mod) buffers.push_back(classes_buffer);
   return buffers;
 }
 
@@ -104,6 +112,7 @@ Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, b
   problem.num_splits = num_splits;
   problem.deterministic = deterministic;
   problem.varlen = shape.cu_seqlens_q != nullptr;
+  problem.mask_mod = shape.mask_bits != nullptr;
   if (problem.varlen) problem.batch = shape.num_seqs;
   return problem;
 }
@@ -140,7 +149,8 @@ PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProp
     query.explain = explain;
     pass.choices = pass.kernel->choices(shape, query);
   }
-  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic, problem.varlen);
+  pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic, problem.varlen,
+                                problem.mask_mod && pass.kernel != nullptr, pass.choices);
   return pass;
 }
 

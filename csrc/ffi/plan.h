@@ -32,7 +32,7 @@ struct Problem {
 };
 
 // The problem of a call the FFI handler decoded (shape.head_dim is its width; varlen when shape.cu_seqlens_q is set,
-// batch then being the sequence count N as Python plans it; mask_mod stays off).
+// batch then being the sequence count N as Python plans it; mask_mod when shape.mask_bits is).
 Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, bool deterministic = false);
 
 // The device the call is planned for. Zeros mean unknown: the shared-memory limit then comes from the table by
@@ -56,7 +56,8 @@ struct PassPlan {
   std::string reason;
   FamilyChoices choices;                   // the family's, for this call (defaults where no kernel runs)
   // forward: the split target's parts (when split); backward: always the 3 f32 buffers, and with deterministic=True
-  // the dq_semaphore counters of the deterministic target (flashjax_bwd_deterministic)
+  // the dq_semaphore counters of the deterministic target (flashjax_bwd_deterministic). A mask mod's pass (the
+  // flashjax_*_mask_mod targets) ends with its uint8 tile classes (mask_tile_classes_layout in workspace.h).
   std::vector<WorkspaceBuffer> workspace;
 };
 

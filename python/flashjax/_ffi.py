@@ -26,6 +26,8 @@ FWD_VARLEN_TARGET = "flashjax_fwd_varlen"  # packed sequences (varlen_kernel.py)
 BWD_VARLEN_TARGET = "flashjax_bwd_varlen"
 TANGENT_TARGET = "flashjax_tangent"  # forward mode: the tangent primitive (primitives.py)
 TANGENT_VARLEN_TARGET = "flashjax_tangent_varlen"  # its varlen twin (varlen_kernel.py)
+FWD_MASK_MOD_TARGET = "flashjax_fwd_mask_mod"  # a mask mod's bits and the tile-class workspace (issue 38)
+BWD_MASK_MOD_TARGET = "flashjax_bwd_mask_mod"
 
 # flashjax::DType's values (csrc/include/flashjax/params.h).
 DTYPE = {"float16": 0, "bfloat16": 1}
@@ -129,7 +131,8 @@ def register_targets() -> None:
     """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""
     lib = library()
     for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
-                 BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET):
+                 BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET,
+                 BWD_MASK_MOD_TARGET):
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
 
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _ffi, primitives, reference, sharding, varlen, varlen_kernel
+from .mask_trace import MaskModCodegenError
 from .masks import MaskMod
 
 BACKENDS = ("auto", "kernel", "reference")
@@ -240,15 +241,33 @@ def choose(call: Call, *, device_sm: int | None = None):
         reason = _ffi.cuda_environment()["problem"]
     else:
         plan = _plan_of(call, device_sm)
-        if plan["runs"]:
+        codegen_error = _mask_mod_codegen_error(options.mask_mod) if plan["runs"] else None
+        if plan["runs"] and codegen_error is None:
             return "kernel", plan["reason"], plan
-        reason = plan["reason"]
+        reason = plan["reason"] if codegen_error is None else str(codegen_error)
+        if codegen_error is not None and options.backend == "kernel":
+            raise codegen_error
     if options.backend == "kernel":
         raise ValueError(f"flashjax: backend='kernel' but no kernel runs this call: {reason}")
     if reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"flashjax: using the pure-JAX reference because {reason}", stacklevel=3)
     return "reference", reason, plan
+
+
+def _mask_mod_codegen_error(mask_mod):
+    """None where the kernels can take the mod (its predicate traces into device code, docs/mask_codegen.md), else
+    the MaskModCodegenError naming the construct: backend="auto" then falls back to the reference with the one-time
+    warning, backend="kernel" raises it."""
+    if mask_mod is None:
+        return None
+    from .mask_codegen import generate_mask_mod
+
+    try:
+        generate_mask_mod(mask_mod)
+    except MaskModCodegenError as error:
+        return error
+    return None
 
 
 # ------------------------------------------------------------------------------------------------ kernel path
@@ -284,10 +303,18 @@ def _kernel_attention(q, k, v, sinks, options: Options, width: int):
     has_sinks = sinks is not None
     sinks_arr = _sinks_for_kernels(sinks) if has_sinks else jnp.zeros((q.shape[2],), jnp.float32)
     left, right = options.window
+    # A mask mod runs as its packed bits (flashjax.mask_bits, evaluated once here); the backward gets the same
+    # array as a residual (primitives.py). Field values are run-time data: a new value reuses everything compiled.
+    mask_bits = ()
+    if options.mask_mod is not None:
+        from . import mask_bits as bits_module
+
+        mask_bits = (bits_module.mask_bits(options.mask_mod, batch=q.shape[0], heads=q.shape[2],
+                                           seqlen_q=q.shape[1], seqlen_k=k.shape[1]),)
     out, lse = primitives.forward(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), sinks_arr,
-                                  softmax_scale=options.softmax_scale, softcap=options.softcap,
+                                  *mask_bits, softmax_scale=options.softmax_scale, softcap=options.softcap,
                                   window_left=left, window_right=right, has_sinks=has_sinks,
-                                  deterministic=options.deterministic)
+                                  deterministic=options.deterministic, has_mask_bits=bool(mask_bits))
     if has_sinks:
         lse = _lse_of_special_sinks(lse, sinks, head_axis=1)  # lse [B, Hq, Sq]
     return out[..., :v.shape[-1]], lse

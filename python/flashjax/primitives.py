@@ -1,8 +1,13 @@
 """JAX primitives for the kernel path (docs/design.md §2.8 and §3).
 
-    fwd(q, k, v, sinks)                                 -> (out, lse)
-    tangent(q, k, v, sinks, out, lse; tq, tk, tv, ts)   -> (t_out, t_lse)      linear in (tq, tk, tv, ts)
-    bwd(q, k, v, out, lse, d_out, d_lse, sinks)         -> (dq, dk, dv, dsinks)
+    fwd(q, k, v, sinks[, mask_bits])                               -> (out, lse)
+    tangent(q, k, v, sinks, out, lse; tq, tk, tv, ts[, mask_bits]) -> (t_out, t_lse)   linear in (tq, tk, tv, ts)
+    bwd(q, k, v, out, lse, d_out, d_lse, sinks[, mask_bits])       -> (dq, dk, dv, dsinks)
+
+mask_bits (has_mask_bits=True): a mask mod's packed bits (flashjax.mask_bits; uint32 [Bm, Hm, Sq, ceil(Sk / 32)],
+docs/design.md §2.6), computed once by the forward's caller and carried to the tangent and the backward as a residual.
+The kernels AND them with the band (the flashjax_*_mask_mod targets); the reference lowerings unpack them
+(`unpack_mask_bits`). They are integer data: never differentiated.
 
 fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
 backward kernels only, and jax.jvp evaluates `tangent` (the fused sm80 tangent kernel, flashjax_tangent, where the plan
@@ -34,7 +39,9 @@ from . import _ffi, sharding
 # parameter too, but it picks the backward's FFI target instead of travelling as an attribute.
 _ATTR_TYPES = {"softmax_scale": np.float32, "softcap": np.float32, "window_left": np.int32,
                "window_right": np.int32, "has_sinks": bool, "has_dlse": bool}
-_TARGET_PARAMS = ("deterministic",)
+_TARGET_PARAMS = ("deterministic", "has_mask_bits")  # they pick the FFI target instead
+# Where the optional mask bits sit among each primitive's operands (after the fixed ones).
+MASK_BITS_INDEX = {"fwd": 4, "tangent": 10, "bwd": 8}
 
 fwd_p = Primitive("flashjax_fwd")
 tangent_p = Primitive("flashjax_tangent")
@@ -56,15 +63,15 @@ def _out_avals(q, v):
             jax.core.ShapedArray((batch, heads_q, seqlen_q), jnp.float32))
 
 
-def _fwd_abstract(q, k, v, sinks, **_):
+def _fwd_abstract(q, k, v, sinks, *mask_bits, **_):
     return _out_avals(q, v)
 
 
-def _tangent_abstract(q, k, v, sinks, out, lse, tq, tk, tv, ts, **_):
+def _tangent_abstract(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **_):
     return _out_avals(q, v)
 
 
-def _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks, **_):
+def _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks, *mask_bits, **_):
     return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
             jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(sinks.shape, jnp.float32))
 
@@ -91,7 +98,7 @@ def _attrs(params):
 
 
 def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sinks, deterministic=False,
-                  device_sm=None, **_) -> dict:
+                  has_mask_bits=False, device_sm=None, **_) -> dict:
     """The library's plan of a call as lowered (q at the compiled head width): for the default GPU, with its SM
     count, which is what the split-keys rule needs. device_sm: another GPU to ask about (explain's); the SM count
     stays the default device's (0 off a GPU: no call splits by rule)."""
@@ -100,7 +107,8 @@ def lowering_plan(aval_q, aval_k, *, softcap, window_left, window_right, has_sin
     return _ffi.plan(dtype=jnp.dtype(aval_q.dtype).name, batch=batch, seqlen_q=seqlen_q, seqlen_k=aval_k.shape[1],
                      heads_q=heads_q, heads_k=aval_k.shape[2], head_dim=head_dim, window_left=window_left,
                      window_right=window_right, softcap=float(softcap), has_sinks=has_sinks,
-                     deterministic=deterministic, device_sm=device_sm or (device[0] if device is not None else 0),
+                     deterministic=deterministic, mask_mod=has_mask_bits,
+                     device_sm=device_sm or (device[0] if device is not None else 0),
                      num_sms=device[1] if device is not None else 0)
 
 
@@ -132,6 +140,12 @@ def _fwd_lowering(ctx, *args, **params):
     known now. The kernel takes the count as given, so the result is right on any device; only its speed depends on
     the guess."""
     fwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["fwd"]
+    if params.get("has_mask_bits"):
+        # flashjax_fwd_mask_mod: q, k, v, the bits, then sinks; the tile-class workspace (the sm80 forward never splits).
+        order = (0, 1, 2, 4, 3)
+        ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in order])
+        return _ffi_call(_ffi.FWD_MASK_MOD_TARGET, ctx, [args[i] for i in order], {4: "has_sinks"}, params,
+                         workspace=_workspace_avals(fwd["workspace"]))
     if fwd["num_splits"] <= 1:
         return _ffi_call(_ffi.FWD_TARGET, ctx, args, {3: "has_sinks"}, params)
     return _ffi_call(_ffi.FWD_SPLIT_TARGET, ctx, args, {3: "has_sinks"}, params,
@@ -142,6 +156,13 @@ def _bwd_lowering(ctx, *args, **params):
     """The backward's FFI call, with the workspace its plan sizes (dq accumulator, per-row statistics); with
     deterministic=True the deterministic target, whose extra workspace holds the counters that order the dq sums."""
     bwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["bwd"]
+    if params.get("has_mask_bits"):
+        # flashjax_bwd_mask_mod: the required operands, the bits, then dlse and sinks; the f32 workspace and the tile
+        # classes. (deterministic=True with a mask mod has no kernel: the call ran on the reference.)
+        order = (0, 1, 2, 3, 4, 5, 8, 6, 7)
+        ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in order])
+        return _ffi_call(_ffi.BWD_MASK_MOD_TARGET, ctx, [args[i] for i in order], {7: "has_dlse", 8: "has_sinks"},
+                         params, workspace=_workspace_avals(bwd["workspace"]))
     target = _ffi.BWD_DETERMINISTIC_TARGET if params.get("deterministic") else _ffi.BWD_TARGET
     return _ffi_call(target, ctx, args, {6: "has_dlse", 7: "has_sinks"}, params,
                      workspace=_workspace_avals(bwd["workspace"]))
@@ -154,7 +175,8 @@ _TANGENT_FFI_ORDER = (0, 1, 2, 4, 5, 6, 7, 8, 3, 9)  # q, k, v, out, lse, tq, tk
 def _tangent_lowering(ctx, *args, **params):
     """The tangent's FFI call (flashjax_tangent: the sm80 tangent kernel, design §3.6) where the plan has a tangent
     kernel for the call; else the reference's tangent, lowered in its place, so that jax.jvp of a kernel call always
-    runs (the primal and the reverse mode stay on their kernels either way)."""
+    runs (the primal and the reverse mode stay on their kernels either way). A mask mod's tangent is the reference's
+    (no tangent kernel takes mask bits: the plan says so)."""
     plan = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)
     if plan.get("tangent", {}).get("family") is None:
         return mlir.lower_fun(_reference_tangent, multiple_results=True)(ctx, *args, **params)
@@ -174,15 +196,15 @@ mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 
 # ------------------------------------------------------------------------------------------------ autodiff
 def _fwd_jvp(primals, tangents, **params):
-    q, k, v, sinks = primals
-    out, lse = fwd_p.bind(q, k, v, sinks, **params)
-    tq, tk, tv, ts = (ad.instantiate_zeros(t) for t in tangents)
-    t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params)
+    q, k, v, sinks, *mask_bits = primals
+    out, lse = fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
+    tq, tk, tv, ts = (ad.instantiate_zeros(t) for t in tangents[:4])
+    t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params)
     return (out, lse), (t_out, t_lse)
 
 
-def _tangent_transpose(cts, q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
-    for residual in (q, k, v, sinks, out, lse):
+def _tangent_transpose(cts, q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params):
+    for residual in (q, k, v, sinks, out, lse, *mask_bits):
         if ad.is_undefined_primal(residual):
             raise ValueError("flashjax: the attention tangent is linear only in (tq, tk, tv, tsinks)")
     ct_out, ct_lse = cts
@@ -190,10 +212,11 @@ def _tangent_transpose(cts, q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
         ct_out = jnp.zeros(out.shape, out.dtype)
     has_dlse = not isinstance(ct_lse, ad.Zero)
     dlse = ct_lse if has_dlse else jnp.zeros(lse.shape, jnp.float32)
-    dq, dk, dv, dsinks = backward(q, k, v, out, lse, ct_out, dlse, sinks, has_dlse=has_dlse, **params)
+    dq, dk, dv, dsinks = backward(q, k, v, out, lse, ct_out, dlse, sinks, *mask_bits, has_dlse=has_dlse, **params)
     linear = (tq, tk, tv, ts)
     grads = (dq, dk, dv, dsinks)
-    return [None] * 6 + [g if ad.is_undefined_primal(t) else None for g, t in zip(grads, linear)]
+    return ([None] * 6 + [g if ad.is_undefined_primal(t) else None for g, t in zip(grads, linear)]
+            + [None] * len(mask_bits))
 
 
 def _guard_jvp(primals, tangents):
@@ -207,8 +230,9 @@ def _bwd_jvp(primals, tangents, **params):
     contract on given out and lse), evaluated by XLA: no second-order kernel exists. The tangents of out and lse that
     reach it come from the tangent kernel (fwd's JVP rule)."""
     grads = bwd_p.bind(*primals, **params)
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    _, t_grads = jax.jvp(functools.partial(_reference_bwd, **params), tuple(primals), tuple(tangents))
+    primals, mask_bits = tuple(primals[:8]), tuple(primals[8:])  # the bits: integer data, no tangent
+    tangents = [ad.instantiate_zeros(t) for t in tangents[:8]]
+    _, t_grads = jax.jvp(lambda *p: _reference_bwd(*p, *mask_bits, **params), primals, tuple(tangents))
     return grads, list(t_grads)
 
 
@@ -218,16 +242,28 @@ ad.primitive_transposes[tangent_p] = _tangent_transpose
 ad.primitive_jvps[varlen_guard_p] = _guard_jvp
 
 
-def backward(q, k, v, out, lse, dout, dlse, sinks, *, has_dlse, **params):
-    return tuple(bwd_p.bind(q, k, v, out, lse, dout, dlse, sinks, has_dlse=has_dlse, **params))
+def backward(q, k, v, out, lse, dout, dlse, sinks, *mask_bits, has_dlse, **params):
+    return tuple(bwd_p.bind(q, k, v, out, lse, dout, dlse, sinks, *mask_bits, has_dlse=has_dlse, **params))
 
 
 # ------------------------------------------------------------------------------------------------ batching
-def _batching_rule(prim, per_head_args):
+def _fold_mask_bits(bits, dim, size, batch):
+    """Mask bits [Bm, Hm, Sq, Wk] for the folded batch (size * batch): bits that broadcast over the batch and are not
+    mapped stay as they are; per-batch ones repeat for every mapped index (folded index i * batch + b reads bits[b]);
+    mapped ones take their example's bits, broadcast over its batch first where they broadcast."""
+    if dim is None:
+        return bits if bits.shape[0] == 1 else jnp.tile(bits, (size, 1, 1, 1))
+    bits = batching.bdim_at_front(bits, dim, size)
+    bits = jnp.broadcast_to(bits, (size, batch) + bits.shape[2:])
+    return bits.reshape((size * batch,) + bits.shape[2:])
+
+
+def _batching_rule(prim, per_head_args, mask_index):
     """vmap folds the mapped axis into the batch axis (a free reshape of the leading axes).
 
     Per-head operands ([Hq] sinks and their tangents) cannot be folded; when one of them is mapped, or when the
-    backward must return per-example dsinks, the primitive runs once per mapped index under lax.map instead.
+    backward must return per-example dsinks, the primitive runs once per mapped index under lax.map instead. Mask
+    bits (operand mask_index, when given) fold by _fold_mask_bits.
     """
 
     def rule(args, dims, **params):
@@ -239,9 +275,14 @@ def _batching_rule(prim, per_head_args):
             outs = jax.lax.map(lambda xs: prim.bind(*xs, **params), mapped)
             return outs, [0] * len(outs)
         folded = []
+        q_shape = [n for axis, n in enumerate(args[0].shape) if axis != dims[0]]  # q without the mapped axis
+        batch = q_shape[0]
         for i, (a, d) in enumerate(zip(args, dims)):
             if i in per_head_args:
                 folded.append(a)
+                continue
+            if i == mask_index:
+                folded.append(_fold_mask_bits(a, d, size, batch))
                 continue
             a = batching.bdim_at_front(a, d, size)
             folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
@@ -264,41 +305,56 @@ def _guard_batching(args, dims):
                      "(concatenate the sequences and extend cu_seqlens instead)")
 
 
-batching.primitive_batchers[fwd_p] = _batching_rule(fwd_p, per_head_args=(3,))
-batching.primitive_batchers[tangent_p] = _batching_rule(tangent_p, per_head_args=(3, 9))
-batching.primitive_batchers[bwd_p] = _batching_rule(bwd_p, per_head_args=(7,))
+batching.primitive_batchers[fwd_p] = _batching_rule(fwd_p, per_head_args=(3,), mask_index=MASK_BITS_INDEX["fwd"])
+batching.primitive_batchers[tangent_p] = _batching_rule(tangent_p, per_head_args=(3, 9),
+                                                        mask_index=MASK_BITS_INDEX["tangent"])
+batching.primitive_batchers[bwd_p] = _batching_rule(bwd_p, per_head_args=(7,), mask_index=MASK_BITS_INDEX["bwd"])
 batching.primitive_batchers[varlen_guard_p] = _guard_batching
 
 
-def forward(q, k, v, sinks, **params):
-    return fwd_p.bind(q, k, v, sinks, **params)
+def forward(q, k, v, sinks, *mask_bits, **params):
+    return fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
 
 
 # ------------------------------------------------------------------------------ reference lowering (not CUDA)
 # On every platform but CUDA the primitives lower to the pure-JAX reference with the same outputs. That lets the
 # CPU tests check the primitive wiring (JVP, transpose, batching, workspace shapes) numerically without a GPU.
-def _reference_fn(q, k, v, sinks, *, softmax_scale, softcap, window_left, window_right, has_sinks,
-                  deterministic=False):
+def unpack_mask_bits(bits, b, h, q_idx, kv_idx):
+    """The predicate packed mask bits hold (layout in flashjax/mask_bits.py), at broadcasting int32 indices; b and h
+    collapse to 0 where the bits broadcast over them. The reference lowerings' mask for calls that carry bits."""
+    b = b if bits.shape[0] > 1 else jnp.zeros_like(b)
+    h = h if bits.shape[1] > 1 else jnp.zeros_like(h)
+    word = bits[b, h, q_idx, kv_idx // 32]
+    return ((word >> (kv_idx % 32).astype(jnp.uint32)) & 1) == 1
+
+
+def _bits_mask(mask_bits):
+    return functools.partial(unpack_mask_bits, mask_bits[0]) if mask_bits else None
+
+
+def _reference_fn(q, k, v, sinks, *mask_bits, softmax_scale, softcap, window_left, window_right, has_sinks,
+                  deterministic=False, has_mask_bits=False):
     from . import reference
 
     return reference.attention(q, k, v, softmax_scale=softmax_scale, causal=False,
                                window_size=(window_left, window_right), sinks=sinks if has_sinks else None,
-                               softcap=softcap, mask_mod=None)
+                               softcap=softcap, mask_mod=_bits_mask(mask_bits))
 
 
-def _reference_tangent(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params):
-    _, tangents = jax.jvp(lambda *p: _reference_fn(*p, **params), (q, k, v, sinks), (tq, tk, tv, ts))
+def _reference_tangent(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params):
+    _, tangents = jax.jvp(lambda *p: _reference_fn(*p, *mask_bits, **params), (q, k, v, sinks), (tq, tk, tv, ts))
     return tangents
 
 
-def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *, softmax_scale, softcap, window_left, window_right,
-                   has_sinks, has_dlse, deterministic=False):
+def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *mask_bits, softmax_scale, softcap, window_left,
+                   window_right, has_sinks, has_dlse, deterministic=False, has_mask_bits=False):
     # The kernels' contract: P and D from the given out and lse, which may be those of longer rows (ring.py).
     from . import reference
 
     dq, dk, dv, dsinks = reference.attention_vjp(
         q, k, v, out, lse, dout, dlse, softmax_scale=softmax_scale, causal=False,
-        window_size=(window_left, window_right), sinks=sinks if has_sinks else None, softcap=softcap, mask_mod=None)
+        window_size=(window_left, window_right), sinks=sinks if has_sinks else None, softcap=softcap,
+        mask_mod=_bits_mask(mask_bits))
     return dq, dk, dv, jnp.zeros_like(sinks) if dsinks is None else dsinks
 
 

@@ -39,7 +39,15 @@ _ROLE_DIMS = {
     "packed_q": ("seq_q", "heads_q", "dim"),            # varlen q [Tq, Hq, D]
     "packed_kv": ("seq_k", "heads_k", "dim"),           # varlen k, v [Tk, Hk, D]
     "packed_rows": ("heads_q", "seq_q"),                # varlen lse [Hq, Tq]
+    # A mask mod's bits [Bm, Hm, Sq, Wk] (primitives.py): Bm is B or 1, Hm Hq or 1 ("one": a broadcast axis, never
+    # split), so they split with the call where they are per batch / per head and are replicated where they broadcast.
+    "mask_bh": ("batch", "heads_q", "seq_q", "words"),
+    "mask_b": ("batch", "one", "seq_q", "words"),
+    "mask_h": ("one", "heads_q", "seq_q", "words"),
+    "mask_": ("one", "one", "seq_q", "words"),
 }
+# Dimension kinds that are never split: Shardy gets a replicated factor of their own for each.
+_UNSPLIT = ("dim", "one", "words")
 
 # (operand names, operand roles, result roles) of each partitioned operation: the three primitives (design §3.9) and
 # the reference path's checks of a dense and of a varlen call.
@@ -52,6 +60,20 @@ SIGNATURES = {
     "dense": (("q", "k", "v"), ("q", "kv", "kv"), ("q", "kv", "kv")),
     "varlen": (("q", "k", "v"), ("packed_q", "packed_kv", "packed_kv"), ("packed_q", "packed_kv", "packed_kv")),
 }
+
+
+_MASK_KINDS = ("fwd", "tangent", "bwd")
+
+
+def signature(kind: str, shapes) -> tuple:
+    """SIGNATURES[kind], with the optional mask bits (an operand past the fixed ones) named and given their role by
+    their shape against q's [B, Sq, Hq, D]."""
+    names, roles, results = SIGNATURES[kind]
+    if kind in _MASK_KINDS and len(shapes) > len(roles):
+        bits, q = tuple(shapes[len(roles)]), tuple(shapes[0])
+        role = "mask_" + ("b" if bits[0] == q[0] else "") + ("h" if bits[1] == q[2] else "")
+        names, roles = names + ("mask_bits",), roles + (role,)
+    return names, roles, results
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +114,7 @@ def _dims(spec: PartitionSpec, ndim: int) -> tuple[tuple[str, ...], ...]:
 def decide(kind: str, axis_sizes: dict, dims: list, shapes: list, leads=None) -> Split:
     """The split of a call whose operands are sharded as `dims` (per operand, per dimension, the mesh axes), or the
     ValueError that says why it cannot run per shard. `leads`: per operand, the extra leading (vmapped) dims."""
-    names, roles, _ = SIGNATURES[kind]
+    names, roles, _ = signature(kind, shapes)
     operands = [(name, role, lead, operand_dims[lead:], shape[lead:]) for name, role, lead, operand_dims, shape
                 in zip(names, roles, leads or (0,) * len(roles), dims, shapes)]
     size = {}  # dimension kind -> length
@@ -170,26 +192,27 @@ def _result_leads(kind, lead_specs):
     return lead_specs if kind in ("dense", "varlen") else [()] * len(SIGNATURES[kind][2])
 
 
-def _leads_of(kind, params):
-    return dict(params).get("leads") or (0,) * len(SIGNATURES[kind][1])
+def _leads_of(kind, params, num_operands):
+    return dict(params).get("leads") or (0,) * num_operands
 
 
-def _rule(kind, params, group):
+def _rule(kind, params, group, shapes):
     """Shardy's einsum-like rule: batch b, sequences s and t, query heads h, KV heads k (the same factor without
     GQA), and a factor of its own for each head dim, which must be replicated. GQA's query heads are not the
     compound factor (k g): Shardy would then give KV heads a part of a mesh axis (k over 2 of 4 devices), which a
     NamedSharding cannot name; partition() gives each operand its heads' shards instead."""
-    _, roles, result_roles = SIGNATURES[kind]
-    leads = _leads_of(kind, params)
+    _, roles, result_roles = signature(kind, shapes)
+    leads = _leads_of(kind, params, len(roles))
     letters = {"batch": "b", "seq_q": "s", "seq_k": "t", "heads_q": "h" if group > 1 else "k", "heads_k": "k"}
     replicated = []
 
     def mapping(role, lead, tag):
         factors = [f"l{tag}_{j}" for j in range(lead)]
         for dim_kind in _ROLE_DIMS[role]:
-            if dim_kind == "dim":
-                replicated.append(f"d{tag}")
-                factors.append(f"d{tag}")
+            if dim_kind in _UNSPLIT:
+                factor = f"{dim_kind[0]}{tag}_{len(factors)}"
+                replicated.append(factor)
+                factors.append(factor)
             else:
                 factors.append(letters[dim_kind])
         return " ".join(factors)
@@ -210,14 +233,15 @@ def partitioned(kind: str, local):
     The checks of the reference path (kinds "dense", "varlen") keep their operands' shardings and only validate
     them, reading XLA's own shardings (decode_shardings=False): the reference's GQA reshape may give k a part of a
     mesh axis, which jax cannot name as a NamedSharding and would fail on before the check could explain."""
-    _, roles, result_roles = SIGNATURES[kind]
+    _, _, result_roles = SIGNATURES[kind]
     check_only = kind in ("dense", "varlen")
 
     def fn(params, *arrays):
         return tuple(local(*arrays, **dict(params)))
 
     def shardings(kind, params, mesh, arg_shapes):
-        leads = _leads_of(kind, params)
+        _, roles, _ = signature(kind, [x.shape for x in arg_shapes])
+        leads = _leads_of(kind, params, len(roles))
         split, lead_specs = _plan(kind, leads, mesh, arg_shapes)
         args = tuple(NamedSharding(mesh, split.spec(r, lead)) for r, lead in zip(roles, lead_specs))
         results = tuple(NamedSharding(mesh, split.spec(r, lead))
@@ -226,7 +250,7 @@ def partitioned(kind: str, local):
 
     def partition(params, mesh, arg_shapes, result_shape):
         if check_only:
-            _check_only(kind, _leads_of(kind, params), arg_shapes)
+            _check_only(kind, _leads_of(kind, params, len(arg_shapes)), arg_shapes)
             given = tuple(x.sharding for x in arg_shapes)
             return mesh, lambda *arrays: arrays, given, given
         split, args, results = shardings(kind, params, mesh, arg_shapes)
@@ -252,10 +276,11 @@ def partitioned(kind: str, local):
 
     def rule(params, mesh, operand_types, result_types):
         shapes = [tuple(mlir.ir.RankedTensorType(t).shape) for t in operand_types]
-        leads = _leads_of(kind, params)
+        _, roles, _ = signature(kind, shapes)
+        leads = _leads_of(kind, params, len(roles))
         heads = {k: shape[lead + _ROLE_DIMS[role].index(k)] for role, lead, shape in zip(roles, leads, shapes)
                  for k in ("heads_q", "heads_k") if k in _ROLE_DIMS[role]}
-        return _rule(kind, params, heads["heads_q"] // max(heads["heads_k"], 1))
+        return _rule(kind, params, heads["heads_q"] // max(heads["heads_k"], 1), shapes)
 
     wrapped = custom_partitioning(fn, static_argnums=(0,))
     wrapped.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,

@@ -187,12 +187,39 @@ TEST_F(ChooseKernel, VarlenTakesTheSm80Family) {
   EXPECT_NE(refused.reason.find("deterministic=True"), std::string::npos) << refused.reason;
 }
 
-TEST_F(ChooseKernel, RefusesFeaturesWithoutKernels) {
-  ProblemKey mask = key(Direction::kFwd, DType::kBFloat16, 128);
-  mask.mask_mod = true;
-  const Choice c = choose_kernel(90, archs, mask, table);
-  EXPECT_EQ(c.kernel, nullptr);
-  EXPECT_NE(c.reason.find("mask_mod"), std::string::npos);
+// Mask mods (issue 38) run on the sm80 forward and backward on every device, Hopper included (the sm90 kernels do not
+// take the bits); their tangent, varlen with a mask mod and the deterministic backward (sm80 cannot order its dq
+// sums) are refused with reasons.
+TEST_F(ChooseKernel, MaskModsTakeTheSm80FamilyOnEveryDevice) {
+  for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
+    for (const int sm : {80, 86, 90}) {
+      ProblemKey mask = key(direction, DType::kBFloat16, 128);
+      mask.mask_mod = true;
+      const Choice c = choose_kernel(sm, archs, mask, table);
+      ASSERT_NE(c.kernel, nullptr) << c.reason;
+      EXPECT_STREQ(c.kernel->family, "sm80");
+      EXPECT_NE(c.reason.find("the sm90 kernels do not take mask mods yet"), std::string::npos) << c.reason;
+    }
+  }
+  ProblemKey tangent = key(Direction::kTangent, DType::kBFloat16, 128);
+  tangent.mask_mod = true;
+  std::vector<KernelEntry> rows = table;
+  rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128));
+  const Choice no_tangent = choose_kernel(90, archs, tangent, rows);
+  EXPECT_EQ(no_tangent.kernel, nullptr);
+  EXPECT_NE(no_tangent.reason.find("no tangent kernel implements mask_mod"), std::string::npos) << no_tangent.reason;
+  ProblemKey packed = key(Direction::kFwd, DType::kBFloat16, 128);
+  packed.mask_mod = packed.varlen = true;
+  const Choice no_varlen = choose_kernel(80, archs, packed, table);
+  EXPECT_EQ(no_varlen.kernel, nullptr);
+  EXPECT_NE(no_varlen.reason.find("mask_mod with varlen"), std::string::npos) << no_varlen.reason;
+  ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
+  ordered.mask_mod = ordered.deterministic = true;
+  std::vector<KernelEntry> with_ordered = table;
+  for (KernelEntry& e : with_ordered) e.deterministic = std::string_view(e.family) == "sm90";
+  const Choice no_order = choose_kernel(90, archs, ordered, with_ordered);
+  EXPECT_EQ(no_order.kernel, nullptr) << no_order.reason;
+  EXPECT_NE(no_order.reason.find("deterministic=True"), std::string::npos) << no_order.reason;
 }
 
 // The kernels' figures when this was written (python -m flashjax lists the built ones): the sm80 backward needs

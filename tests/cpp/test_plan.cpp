@@ -234,4 +234,21 @@ TEST_F(PlanCall, JsonCarriesEveryDecision) {
 }
 
 }  // namespace
+// A mask mod's passes end their workspace with the uint8 tile classes of their own tiles ([B, Hq, m-blocks, n-blocks]
+// of the family's block_m x block_n: forward 128 x 64, backward 64 x 128 here), after the backward's f32 buffers.
+TEST_F(PlanCall, MaskModPassesCarryTheirTileClasses) {
+  Problem p = problem();
+  p.mask_mod = true;
+  const Plan plan = plan_call(p, device(80, 0), table, archs);
+  ASSERT_TRUE(plan.runs()) << plan.reason;
+  ASSERT_EQ(plan.fwd.workspace.size(), 1u);
+  EXPECT_STREQ(plan.fwd.workspace[0].name, "mask_tile_classes");
+  EXPECT_STREQ(plan.fwd.workspace[0].dtype, "uint8");
+  EXPECT_EQ(plan.fwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 8}));  // ceil(300/128), ceil(500/64)
+  ASSERT_EQ(plan.bwd.workspace.size(), 4u);
+  EXPECT_STREQ(plan.bwd.workspace[3].name, "mask_tile_classes");
+  EXPECT_EQ(plan.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 5, 4}));  // ceil(300/64), ceil(500/128)
+  EXPECT_EQ(plan.tangent.kernel, nullptr);  // jvp of a mask mod: the reference's tangent
+}
+
 }  // namespace flashjax

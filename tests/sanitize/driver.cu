@@ -61,6 +61,9 @@ struct Config {
   int head_dim = 0;  // the variant to run: 0 takes the configs' rotation over the variants, else this head dim's first
   int num_splits = 1;  // > 1: the forward splits keys into this many parts (sm90; other families ignore it)
   bool deterministic = false;  // the backward orders its dq adds (runs where the variant's backward can)
+  // A mask mod's bits (issue 38; the sm80 family's mask-mod kernels): none, or random bits [Bm, Hm, Sq, Wk] shared by
+  // every batch entry and head, per batch (Bm = B), or per batch and query head (Bm = B, Hm = Hq).
+  enum MaskBits { kNoMask, kMaskShared, kMaskPerBatch, kMaskPerHead } mask = kNoMask;
 };
 
 // Ragged lengths (1, 77, 129, 130, 300: never a multiple of a tile), Sq < Sk and Sq > Sk, GQA 4/2 and MQA 4/1,
@@ -101,6 +104,16 @@ const Config kConfigs[] = {
     // Every config runs the tangent (jax.jvp) after the forward where a tangent kernel exists; this one reaches the
     // sm80 tangent's D 256 tiles (64 x 32 in 163 KB, 64 x 16 under FLASHJAX_SMEM_LIMIT_KB=99) with every feature.
     {1, 200, 333, 4, 2, 40, 9, true, 5.f, false, "tangent D 256: window (40, 9), softcap 5, sinks, GQA 4/2", 256},
+    // Mask mods: random bits built from 32 x 32 blocks that are all 0, all 1 or random, so each pass's tiles (their
+    // own shapes) are empty, full and partial; rows and keys the bits leave empty included.
+    {2, 300, 517, 4, 2, -1, -1, false, 0.f, true, "mask bits shared by batch and heads, Sq < Sk, GQA 4/2, dlse", 0, 1,
+     false, Config::kMaskShared},
+    {2, 517, 300, 4, 1, -1, 0, true, 0.f, false, "mask bits per batch, causal Sq > Sk, MQA 4/1, sinks", 0, 1, false,
+     Config::kMaskPerBatch},
+    {1, 333, 333, 4, 2, 48, 5, false, 5.f, true, "mask bits per head, window (48, 5), softcap 5, dlse", 0, 1, false,
+     Config::kMaskPerHead},
+    {2, 1, 700, 8, 2, -1, -1, true, 0.f, false, "mask bits per head, decode Sq 1 against 700 keys, sinks", 0, 1, false,
+     Config::kMaskPerHead},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -114,6 +127,8 @@ struct Variant {
   const KernelEntry* varlen_bwd;
   const KernelEntry* tangent;  // nullptr: no tangent kernel for this variant (the config then skips the tangent)
   const KernelEntry* varlen_tangent;  // what dispatch picks for a varlen tangent (nullptr: none)
+  const KernelEntry* mask_fwd;  // what dispatch picks for a mask mod (the sm80 family; nullptr: none)
+  const KernelEntry* mask_bwd;
 };
 
 struct Failure {
@@ -130,10 +145,11 @@ const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" :
 
 std::string describe(const Config& c) {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "B%d Sq%d Sk%d H%d/%d window(%d,%d)%s%s%s", c.batch, c.seqlen_q, c.seqlen_k,
+  const char* masks[] = {"", " mask bits (shared)", " mask bits (per batch)", " mask bits (per head)"};
+  std::snprintf(buf, sizeof(buf), "B%d Sq%d Sk%d H%d/%d window(%d,%d)%s%s%s%s", c.batch, c.seqlen_q, c.seqlen_k,
                 c.heads_q, c.heads_k, c.window_left, c.window_right, c.sinks ? " sinks" : "",
                 c.softcap > 0.f ? (" softcap=" + std::to_string(static_cast<int>(c.softcap))).c_str() : "",
-                c.dlse ? " dlse" : "");
+                c.dlse ? " dlse" : "", masks[c.mask]);
   return buf;
 }
 
@@ -253,6 +269,60 @@ KeyRange visible_keys(const Config& c, int64_t i) {
   return {lo, hi};
 }
 
+// A config's mask bits on the host (flashjax/params.h's layout), from 32 x 32 blocks each all 0, all 1 or random.
+struct HostMask {
+  int batches = 0, heads = 0, seqlen_q = 0, words = 0;  // [Bm, Hm, Sq, Wk]
+  std::vector<uint32_t> bits;
+
+  bool visible(int b, int h, int64_t i, int64_t j) const {
+    if (bits.empty()) return true;
+    const int64_t word = ((int64_t(batches > 1 ? b : 0) * heads + (heads > 1 ? h : 0)) * seqlen_q + i) * words + j / 32;
+    return (bits[word] >> (j % 32)) & 1u;
+  }
+};
+
+HostMask make_mask(const Config& c, uint64_t seed) {
+  HostMask m;
+  if (c.mask == Config::kNoMask) return m;
+  m.batches = c.mask == Config::kMaskShared ? 1 : c.batch;
+  m.heads = c.mask == Config::kMaskPerHead ? c.heads_q : 1;
+  m.seqlen_q = c.seqlen_q;
+  m.words = flashjax::mask_bits_words(c.seqlen_k);
+  m.bits.assign(size_t(m.batches) * m.heads * m.seqlen_q * m.words, 0u);
+  for (int b = 0; b < m.batches; ++b) {
+    for (int h = 0; h < m.heads; ++h) {
+      for (int i = 0; i < m.seqlen_q; ++i) {
+        for (int w = 0; w < m.words; ++w) {
+          const uint64_t block = splitmix64(seed ^ splitmix64((uint64_t(b) * 977 + h) * 1000003 + i / 32) ^ w);
+          const uint64_t kind = block % 3;  // 0: empty block, 1: full, 2: random bits
+          uint32_t word = kind == 0 ? 0u : kind == 1 ? 0xFFFFFFFFu : uint32_t(splitmix64(block ^ (i + 1)));
+          const int valid = c.seqlen_k - 32 * w;  // bits for keys >= Sk are 0 (the contract)
+          if (valid < 32) word &= (1u << valid) - 1u;
+          m.bits[((size_t(b) * m.heads + h) * m.seqlen_q + i) * m.words + w] = word;
+        }
+      }
+    }
+  }
+  return m;
+}
+
+// The bits uploaded and their fields set as the FFI handler sets them (fill_mask_bits), and this pass's tile-class
+// workspace as the plan sizes it for the kernel's tiles, poisoned (the tile-class kernel must write every entry read).
+void attach_mask(Arena& arena, const HostMask& m, const KernelEntry& kernel, flashjax::AttnShape& shape) {
+  if (m.bits.empty()) return;
+  uint32_t* bits = arena.alloc<uint32_t>(int64_t(m.bits.size()));
+  CUDA_CHECK(cudaMemcpy(bits, m.bits.data(), m.bits.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
+  shape.mask_bits = bits;
+  shape.mask_words = m.words;
+  shape.mask_head_stride = m.heads > 1 ? int64_t(m.seqlen_q) * m.words : 0;
+  shape.mask_batch_stride = m.batches > 1 ? int64_t(m.heads) * m.seqlen_q * m.words : 0;
+  const flashjax::FamilyChoices choices = kernel.choices(shape, flashjax::ChoiceQuery{});
+  const flashjax::MaskTileClassesLayout layout = flashjax::mask_tile_classes_layout(
+      shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m, choices.block_n);
+  shape.mask_tile_classes = arena.alloc<uint8_t>(layout.bytes);
+  poison(shape.mask_tile_classes, layout.bytes);
+}
+
 void expect_finite(const std::vector<float>& x, const char* name) {
   for (size_t i = 0; i < x.size(); ++i) {
     if (!std::isfinite(x[i])) throw Failure{std::string(name) + "[" + std::to_string(i) + "] = " +
@@ -340,12 +410,14 @@ void run_forward(Arena& arena, FwdParams& fp, const KernelEntry& kernel, bool ha
 // The backward after run_forward: its fields as the handlers fill them, dout (and dlse) random, the gradients and the
 // workspace of `workspace`'s sizes (as Python sizes it) poisoned, launched and waited for. semaphores: the
 // deterministic backward's counters (0: none).
+// mask: the forward's bits again (a residual), with this pass's own tile classes.
 BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& kernel,
                        const flashjax::BwdWorkspaceLayout& workspace, bool has_dlse, int64_t semaphores,
-                       uint64_t seed, cudaStream_t stream) {
+                       uint64_t seed, cudaStream_t stream, const HostMask* mask = nullptr) {
   const Sizes n = sizes_of(fp);
   BwdParams bp;
   static_cast<flashjax::AttnShape&>(bp) = fp;
+  if (mask != nullptr && !mask->bits.empty()) attach_mask(arena, *mask, kernel, bp);
   bp.q = fp.q;
   bp.k = fp.k;
   bp.v = fp.v;
@@ -527,11 +599,13 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
     poison(fp.o_partial, 4 * split.o_partial);
     poison(fp.lse_partial, 4 * split.lse_partial);
   }
+  const HostMask mask = make_mask(c, seed);
+  attach_mask(arena, mask, *variant.fwd, fp);
   run_forward(arena, fp, *variant.fwd, c.sinks, c.num_splits, seed, stream);
   if (variant.tangent != nullptr) run_tangent(c, variant, fp, seed, arena, stream);
   const BwdParams bp = run_backward(
       arena, fp, *variant.bwd, flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D), c.dlse,
-      c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0, seed, stream);
+      c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0, seed, stream, &mask);
   const void *q = fp.q, *k = fp.k, *v = fp.v, *o = fp.o, *dq = bp.dq, *dk = bp.dk, *dv = bp.dv;
   const float *lse = fp.lse, *sinks = fp.sinks, *dsinks = bp.dsinks;
 
@@ -559,7 +633,9 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
         const int64_t row = ((int64_t(b) * c.seqlen_q + i) * c.heads_q + h) * D;
         const float got_lse = hlse[(int64_t(b) * c.heads_q + h) * c.seqlen_q + i];
         const KeyRange keys = visible_keys(c, i);
-        if (keys.empty()) {
+        bool sees_a_key = false;
+        for (int64_t j = keys.lo; j <= keys.hi && !sees_a_key; ++j) sees_a_key = mask.visible(b, h, i, j);
+        if (!sees_a_key) {
           for (int d = 0; d < D; ++d) {
             if (ho[row + d] != 0.f || hdq[row + d] != 0.f) {
               throw Failure{"empty row b" + std::to_string(b) + " h" + std::to_string(h) + " i" +
@@ -577,6 +653,7 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
         }
         double m = c.sinks ? hsinks[h] : -INFINITY;
         for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          if (!mask.visible(b, h, i, j)) continue;
           const int64_t krow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
           double s = 0;
           for (int d = 0; d < D; ++d) s += double(hq[row + d]) * hk[krow + d];
@@ -588,6 +665,7 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
         double denom = c.sinks ? std::exp(hsinks[h] - m) : 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          if (!mask.visible(b, h, i, j)) continue;
           const int64_t vrow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
           const double p = std::exp(scores[j] - m);
           denom += p;
@@ -615,16 +693,22 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   }
   if (lse_err > 1e-3) throw Failure{"lse differs from the float64 reference by " + std::to_string(lse_err)};
 
-  // Keys that no query row sees (the band is the same for every head) get no gradient.
-  std::vector<bool> seen(static_cast<size_t>(c.seqlen_k), false);
-  for (int i = 0; i < c.seqlen_q; ++i) {
-    const KeyRange keys = visible_keys(c, i);
-    for (int64_t j = keys.lo; j <= keys.hi; ++j) seen[j] = true;
+  // Keys that no query row of their KV head's group sees (band and mask bits) get no gradient.
+  std::vector<bool> seen(static_cast<size_t>(c.batch) * c.heads_k * c.seqlen_k, false);
+  for (int b = 0; b < c.batch; ++b) {
+    for (int h = 0; h < c.heads_q; ++h) {
+      for (int i = 0; i < c.seqlen_q; ++i) {
+        const KeyRange keys = visible_keys(c, i);
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          if (mask.visible(b, h, i, j)) seen[(size_t(b) * c.heads_k + h / group) * c.seqlen_k + j] = true;
+        }
+      }
+    }
   }
   for (int b = 0; b < c.batch; ++b) {
     for (int j = 0; j < c.seqlen_k; ++j) {
-      if (seen[j]) continue;
       for (int h = 0; h < c.heads_k; ++h) {
+        if (seen[(size_t(b) * c.heads_k + h) * c.seqlen_k + j]) continue;
         const int64_t krow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + h) * D;
         for (int d = 0; d < D; ++d) {
           if (hdk[krow + d] != 0.f || hdv[krow + d] != 0.f) {
@@ -804,9 +888,17 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kTangent;
     const flashjax::Choice varlen_tangent = flashjax::choose_kernel(
         device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.varlen = false;
+    key.mask_mod = true;  // the mask-mod configs' kernels (the sm80 family's on every device)
+    key.direction = flashjax::Direction::kFwd;
+    const flashjax::Choice mask_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                              flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kBwd;
+    const flashjax::Choice mask_bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                              flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
-                          tangent.kernel, varlen_tangent.kernel});
+                          tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -900,8 +992,14 @@ int main(int argc, char** argv) {
       if (pinned == nullptr && v.head_dim == kConfigs[i].head_dim) pinned = &v;
     }
     if (kConfigs[i].head_dim > 0 && pinned == nullptr) continue;  // not compiled in this build
-    const Variant& variant = pinned != nullptr ? *pinned : variants[i % variants.size()];
+    Variant variant = pinned != nullptr ? *pinned : variants[i % variants.size()];
     if (kConfigs[i].deterministic && !variant.bwd->deterministic) continue;  // e.g. the sm80 backward (sm80 mode)
+    if (kConfigs[i].mask != Config::kNoMask) {  // the mask-mod kernels; no tangent takes mask bits
+      if (variant.mask_fwd == nullptr || variant.mask_bwd == nullptr) continue;
+      variant.fwd = variant.mask_fwd;
+      variant.bwd = variant.mask_bwd;
+      variant.tangent = nullptr;
+    }
     std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s", i, describe(kConfigs[i]).c_str(),
                 dtype_name(variant.dtype), variant.head_dim, variant.fwd->family, variant.bwd->family,
                 variant.tangent != nullptr ? variant.tangent->family : "none");

@@ -82,4 +82,28 @@ constexpr FwdSplitWorkspaceLayout fwd_split_workspace_layout(int32_t batch, int3
   return layout;
 }
 
+// A mask mod's tile classes (AttnShape::mask_tile_classes): one uint8 per tile of the pass's own tiles, [B, Hq,
+// ceil(Sq / block_m), ceil(Sk / block_n)], with block_m x block_n the family's tile for that pass (the plan's
+// FamilyChoices). Sized for per-(batch, head) bits whatever the mod reads (the plan does not know which; a few KB
+// to a few hundred KB), of which the classification writes the [Bm, Hm, ...] corner it needs. The tile of the
+// forward is (query rows, keys per step); of the backward (query rows per step, keys per CTA).
+struct MaskTileClassesLayout {
+  int32_t m_blocks = 0;
+  int32_t n_blocks = 0;
+  int64_t bytes = 0;  // B * Hq * m_blocks * n_blocks
+};
+
+constexpr MaskTileClassesLayout mask_tile_classes_layout(int32_t batch, int32_t heads_q, int32_t seqlen_q,
+                                                         int32_t seqlen_k, int32_t block_m, int32_t block_n) {
+  MaskTileClassesLayout layout;
+  if (block_m <= 0 || block_n <= 0) return layout;
+  layout.m_blocks = (seqlen_q + block_m - 1) / block_m;
+  layout.n_blocks = (seqlen_k + block_n - 1) / block_n;
+  layout.bytes = int64_t(batch) * heads_q * layout.m_blocks * layout.n_blocks;
+  return layout;
+}
+
+// The mask bits' words per row (AttnShape::mask_words).
+constexpr int32_t mask_bits_words(int32_t seqlen_k) { return (seqlen_k + 31) / 32; }
+
 }  // namespace flashjax

@@ -27,8 +27,11 @@ namespace flashjax::sm80 {
 
 // Grid: BwdBlockScheduler<kBlockN, keys>::grid; Layouts::kNThreads threads; Layouts::kSmemBytes dynamic smem.
 // Needs the preprocess (workspace rows, zeroed dq_accum) to have run on the same stream.
-// kSoftcap: whether params.softcap > 0 (see bwd_mainloop_sm80).
-template <typename Layouts, bool kSoftcap>
+// kSoftcap: whether params.softcap > 0 (see bwd_mainloop_sm80). kMaskMod: whether params.mask_bits is set (the
+// launcher classified the tiles first): a compile-time twin, so that the kernel without a mask mod keeps its code.
+// Measured (tools/check_compile.sh sm80 bwd bf16 128, sm_80, the 163 KB row): without a mod unchanged (255 registers,
+// no spills uncapped, 4 / 4 bytes capped); the mask twins 255 registers, 176 / 180 and 172 / 212 bytes spilled.
+template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const BwdParams params) {
   using namespace cute;
   using Element = typename Layouts::Element;
@@ -46,7 +49,7 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const B
   Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<Layouts::kBlockN>, Int<Layouts::kHeadDim>>{});
   clear(acc_dk);
   clear(acc_dv);
-  bwd_mainloop_sm80<Layouts, kSoftcap>(params, mask, tile, smem, acc_dk, acc_dv);
+  bwd_mainloop_sm80<Layouts, kSoftcap, kMaskMod>(params, mask, tile, smem, acc_dk, acc_dv);
   bwd_epilogue_store_dkdv<Layouts>(params, tile, smem, acc_dk, acc_dv);
 }
 

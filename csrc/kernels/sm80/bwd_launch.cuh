@@ -11,6 +11,7 @@
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/mask_bits_tiles.cuh"
 #include "kernels/sm80/bwd_kernel.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_postprocess.cuh"
@@ -49,6 +50,7 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q_rounded < slab_rows || params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 ||
       (varlen && (params.batch != 1 || params.num_seqs < 0)) ||
+      (varlen && params.mask_bits != nullptr) ||  // varlen + mask mod runs on the reference
       params.deterministic) {  // its dq atomics land in any order: dispatch sends deterministic calls elsewhere
     return cudaErrorInvalidValue;
   }
@@ -71,8 +73,17 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
 
   // With Sq = 0 the main kernel still runs: its CTAs visit no M block and write zero dK / dV.
   if (params.seqlen_k > 0) {
+    // A mask mod: the tile classes for this kernel's tiles (kBlockM query rows per step x kBlockN keys per CTA),
+    // same stream, after the preprocess and before the main kernel that reads them.
+    const bool mask_mod = params.mask_bits != nullptr;
+    if (mask_mod) {
+      const cudaError_t mask_err = common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(params, stream);
+      if (mask_err != cudaSuccess) return mask_err;
+    }
     // Same condition as BwdScoreScales::has_softcap.
-    auto kernel = params.softcap > 0.f ? bwd_kernel_sm80<Layouts, true> : bwd_kernel_sm80<Layouts, false>;
+    const bool capped = params.softcap > 0.f;
+    auto kernel = mask_mod ? (capped ? bwd_kernel_sm80<Layouts, true, true> : bwd_kernel_sm80<Layouts, false, true>)
+                           : (capped ? bwd_kernel_sm80<Layouts, true, false> : bwd_kernel_sm80<Layouts, false, false>);
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Layouts::kSmemBytes);
     if (err != cudaSuccess) return err;

@@ -16,6 +16,8 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
+#include "kernels/common/mask_bits.cuh"
+#include "kernels/common/mask_bits_tiles.cuh"
 #include "kernels/sm80/bwd_dq_accum.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_scores.cuh"
@@ -57,7 +59,11 @@ __device__ __forceinline__ auto gmem_tile(const void* base, int64_t batch_offset
 // return. smem is the CTA's dynamic shared memory (Layouts::kSmemBytes). Returns with all of shared memory free.
 // kSoftcap = false compiles the softcap-free step only (valid when params.softcap <= 0): with both variants as
 // runtime branches, the d128 step used all 255 registers and spilled.
-template <typename Layouts, bool kSoftcap, typename AccDkv>
+// kMaskMod (params.mask_bits set, the tile classes of this pass's tiles written before the kernel): steps whose
+// (query head, M block) tile the mod's class says is empty are skipped, prefetches included; partial ones apply the
+// bits after the band mask, full ones only the band's (bits of the step's own query head h, for every head of the
+// group). A CTA with no step left loads nothing and returns zero dK / dV.
+template <typename Layouts, bool kSoftcap, bool kMaskMod, typename AccDkv>
 __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBandMask& mask, const BwdBlock& tile,
                                   typename Layouts::Element* smem, AccDkv& acc_dk, AccDkv& acc_dv) {
   using namespace cute;
@@ -77,6 +83,31 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
   const int group = params.heads_q / params.heads_k;
   if (num_m_blocks <= 0) return;
   const int num_steps = num_m_blocks * group;
+
+  // Step -> (query head, M block): heads outer, so consecutive steps of one head walk down the band. Each CTA
+  // starts at a different M block (rotated by its KV block): without a band, every CTA of a head would otherwise
+  // add into the same dQ rows at the same time, and same-address atomics serialize in L2.
+  const int m_rotation = tile.block % num_m_blocks;
+  auto step_head = [&](int step) { return kv_head * group + step / num_m_blocks; };
+  auto step_m_block = [&](int step) {
+    int m = step % num_m_blocks + m_rotation;
+    if (m >= num_m_blocks) m -= num_m_blocks;
+    return m_blocks.begin + m;
+  };
+  auto step_m_start = [&](int step) { return step_m_block(step) * kBlockM; };
+  using ModClasses = common::MaskTileClasses<kBlockM, kBlockN>;
+  auto step_class = [&](int step) {
+    return ModClasses::at(params, batch, step_head(step), step_m_block(step), tile.block);
+  };
+  // The first step at or after `step` that has work (every step without a mask mod).
+  auto next_step = [&](int step) {
+    if constexpr (kMaskMod) {
+      while (step < num_steps && step_class(step) == common::kMaskTileEmpty) ++step;
+    }
+    return step;
+  };
+  const int first_step = next_step(0);
+  if (first_step >= num_steps) return;
 
   // Shared memory tiles (layouts in bwd_layouts.cuh). Q and dO have kStagesQ / kStagesdO buffers.
   auto smem_q = [&](int stage) {
@@ -116,16 +147,6 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
       tile.seq.seqlen_k - n_start);
   cp_async_fence();
 
-  // Step -> (query head, M block): heads outer, so consecutive steps of one head walk down the band. Each CTA
-  // starts at a different M block (rotated by its KV block): without a band, every CTA of a head would otherwise
-  // add into the same dQ rows at the same time, and same-address atomics serialize in L2.
-  const int m_rotation = tile.block % num_m_blocks;
-  auto step_head = [&](int step) { return kv_head * group + step / num_m_blocks; };
-  auto step_m_start = [&](int step) {
-    int m = step % num_m_blocks + m_rotation;
-    if (m >= num_m_blocks) m -= num_m_blocks;
-    return (m_blocks.begin + m) * kBlockM;
-  };
   // Q / dO tiles of a step into a stage; the caller commits the cp.async group.
   auto load_tile_of_step = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride,
                                int step, Element* stage_smem) {
@@ -144,8 +165,8 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     load_tile_of_step(params.dout, params.do_batch_stride, params.do_row_stride, params.do_head_stride, step,
                       smem + Layouts::kOffsetdO + stage * Layouts::kElemsQdO);
   };
-  load_q(0, 0);
-  load_do(0, 0);
+  load_q(first_step, 0);
+  load_do(first_step, 0);
   cp_async_fence();
 
   // S = Q K^T and dP = dO V^T: shared -> registers through ldmatrix, P / dS back to shared memory.
@@ -211,16 +232,19 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     copy(copy_b_sdp, tdPsV, thr_b_sdp.retile_D(rV));
   }
 
-  for (int step = 0; step < num_steps; ++step) {
-    const int stage_q = kStagesQ == 2 ? step % 2 : 0;
-    const int stage_do = kStagesdO == 2 ? step % 2 : 0;
+  // `visit` counts the steps run (the stage parity); without a mask mod it is `step` itself.
+  for (int step = first_step, visit = 0; step < num_steps; ++visit) {
+    const int next = next_step(step + 1);
+    const int parity = kMaskMod ? visit % 2 : step % 2;
+    const int stage_q = kStagesQ == 2 ? parity : 0;
+    const int stage_do = kStagesdO == 2 ? parity : 0;
     const int head = step_head(step);
     const int m_start = step_m_start(step);
-    // The other stage was last read by step - 1, which ended on a barrier. The newest cp.async group is then the
-    // next step's; this step's Q and dO were committed before it (a single dO buffer's during step - 1).
-    if (kStagesQ == 2 && step + 1 < num_steps) {
-      load_q(step + 1, stage_q ^ 1);
-      if (kStagesdO == 2) load_do(step + 1, stage_do ^ 1);
+    // The other stage was last read by the previous step, which ended on a barrier. The newest cp.async group is
+    // then the next step's; this step's Q and dO were committed before it (a single dO buffer's during the previous).
+    if (kStagesQ == 2 && next < num_steps) {
+      load_q(next, stage_q ^ 1);
+      if (kStagesdO == 2) load_do(next, stage_do ^ 1);
       cp_async_fence();
       cp_async_wait<1>();
     } else {
@@ -249,6 +273,13 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
       auto acc_s_rc = common::acc_rowcol_view(acc_s);
       mask.apply(acc_s_rc, score_coords, m_start, n_start);
     }
+    if constexpr (kMaskMod) {
+      if (step_class(step) == common::kMaskTilePartial) {
+        auto acc_s_rc = common::acc_rowcol_view(acc_s);
+        common::MaskBitsRows::of(params, batch, head).template apply<kBlockN>(acc_s_rc, score_coords, m_start,
+                                                                                n_start);
+      }
+    }
     Tensor rP = make_tensor<Element>(acc_s.layout());
     probs_from_scores<kSoftcap>(acc_s, rP, lse_log2, scales.exp2_scale);
     copy(copy_pds, thr_pds.retile_S(rP), tPsP);
@@ -269,9 +300,9 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     gemm_smem_smem(mma_dkv, acc_dv, rPt, rdOt, tdVsPt, thr_b_dkv.partition_S(smem_dot(stage_do)), copy_a_dkv,
                    copy_b_dkv);
     // Single-buffered: dO is free once every warp is past dV; its next tile loads behind dQ and dK.
-    if (kStagesdO == 1 && step + 1 < num_steps) {
+    if (kStagesdO == 1 && next < num_steps) {
       __syncthreads();
-      load_do(step + 1, 0);
+      load_do(next, 0);
       cp_async_fence();
     }
 
@@ -289,10 +320,11 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     gemm_smem_smem(mma_dkv, acc_dk, rdSt, rQt, tdKsdSt, thr_b_dkv.partition_S(smem_qt(stage_q)), copy_a_dkv,
                    copy_b_dkv);
     __syncthreads();
-    if (kStagesQ == 1 && step + 1 < num_steps) {
-      load_q(step + 1, 0);
+    if (kStagesQ == 1 && next < num_steps) {
+      load_q(next, 0);
       cp_async_fence();
     }
+    step = next;
   }
 }
 

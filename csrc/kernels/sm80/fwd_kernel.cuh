@@ -25,7 +25,12 @@
 namespace flashjax::sm80 {
 
 // Min 1 CTA/SM lets the compiler use up to 255 registers: the O accumulator alone takes 64-128 of them.
-template <typename Layouts, bool kSoftcap>
+// kMaskMod (params.mask_bits != nullptr; the tile classes written before this kernel): a compile-time twin like
+// kSoftcap, so that the kernel without a mask mod keeps its code and registers exactly (fwd_mainloop.cuh). Measured
+// (tools/check_compile.sh sm80 fwd bf16 128, sm_80): without a mod unchanged (255 registers, 172 / 216 and 168 / 208
+// bytes spilled, 112-byte stack); the mask twins 255 registers, 464 / 500 (uncapped) and 404 / 444 (capped) bytes
+// spilled, of which the loop over classes alone (the bits apply left out) costs 192 / 216 and 244 / 268.
+template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const __grid_constant__ FwdParams params) {
   using namespace cute;
   using Element = typename Layouts::Element;
@@ -78,7 +83,15 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const _
   clear(acc_o);
   common::OnlineSoftmax<Layouts::kRowsPerThread> softmax(args.transform.exp2_scale);
   // A tile none of whose rows sees a key skips the loop (nothing is loaded): out = 0, lse = -inf / sink.
-  if (!args.blocks.empty()) fwd_mainloop_sm80<Layouts, kSoftcap>(g_q, g_k, g_v, args, smem, acc_o, softmax);
+  FwdMaskModArgs mod;
+  if constexpr (kMaskMod) {
+    mod.classes = common::MaskTileClasses<kBlockM, kBlockN>::row(params, tile.batch, tile.head_q, tile.m_block);
+    mod.bits = common::MaskBitsRows::of(params, tile.batch, tile.head_q);
+    mod.m_start = m_start;
+  }
+  if (!args.blocks.empty()) {
+    fwd_mainloop_sm80<Layouts, kSoftcap, kMaskMod>(g_q, g_k, g_v, args, mod, smem, acc_o, softmax);
+  }
 
   const float sink_log2 = params.sinks != nullptr ? params.sinks[tile.head_q] * common::kLog2e : -INFINITY;
   float lse[Layouts::kRowsPerThread];

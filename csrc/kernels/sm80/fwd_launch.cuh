@@ -11,6 +11,7 @@
 #include <string>
 
 #include "flashjax/params.h"
+#include "kernels/common/mask_bits_tiles.cuh"
 #include "kernels/sm80/fwd_kernel.cuh"
 #include "kernels/sm80/fwd_layouts.cuh"
 #include "kernels/sm80/fwd_tile_scheduler.cuh"
@@ -53,8 +54,17 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write; a 0-CTA launch would be an error
   if (num_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
 
+  // A mask mod: the tile classes for this kernel's tiles first (kernels/common/mask_bits_tiles.cuh), same stream.
+  const bool mask_mod = params.mask_bits != nullptr;
+  if (mask_mod) {
+    if (params.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;  // varlen + mask mod runs on the reference
+    const cudaError_t err = common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(params, stream);
+    if (err != cudaSuccess) return err;
+  }
   // Same condition as ScoreTransform::apply_softcap: the uncapped kernel runs only where capping is a no-op.
-  auto kernel = params.softcap > 0.f ? fwd_kernel_sm80<Layouts, true> : fwd_kernel_sm80<Layouts, false>;
+  const bool capped = params.softcap > 0.f;
+  auto kernel = mask_mod ? (capped ? fwd_kernel_sm80<Layouts, true, true> : fwd_kernel_sm80<Layouts, false, true>)
+                         : (capped ? fwd_kernel_sm80<Layouts, true, false> : fwd_kernel_sm80<Layouts, false, false>);
   constexpr int kSmemBytes = Layouts::kSmemBytes;
   // Above 48 KB dynamic shared memory is opt-in per kernel. Setting an attribute is not a stream operation, so it
   // is legal during CUDA-graph capture.

@@ -13,6 +13,8 @@
 #include <cute/tensor.hpp>
 
 #include "kernels/common/band_mask.cuh"
+#include "kernels/common/mask_bits.cuh"
+#include "kernels/common/mask_bits_tiles.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm80/fwd_layouts.cuh"
@@ -47,15 +49,29 @@ struct FwdMainloopArgs {
   common::ScoreTransform transform;
 };
 
+// A mask mod's part (kMaskMod kernels only): the tile classes of this CTA's m-block, one per n-block
+// (mask_bits_tiles.cuh), and the bits of its (batch, query head) for the partial blocks.
+struct FwdMaskModArgs {
+  const uint8_t* classes = nullptr;
+  common::MaskBitsRows bits{};
+  int m_start = 0;
+};
+
 // Runs the whole KV loop of one CTA. g_q: (kBlockM, D) tile; g_k, g_v: (kBlockN, D, n_blocks) tiles of the head.
 // kSoftcap = false skips softcap entirely: only valid when args.transform.softcap <= 0 (see fwd_kernel.cuh for why
 // it is a compile-time switch).
+// kMaskMod: the call has mask bits (`mod`; ignored otherwise). Each block of the band's range then takes the class
+// the band and the mod's tile class compose to: skipped (never loaded) when either says empty, the mask-free step
+// when both say full, else the masked step with the band mask and the bits. Masked blocks still go first, then the
+// full ones in a second loop without mask code; the K prefetch chain links the blocks actually visited.
 // On return acc_o and softmax hold the unnormalized output and row statistics; Q's shared buffer is free (every
-// thread is past the barrier that follows its last read), K/V buffers may still be read by the last P V.
-template <typename Layouts, bool kSoftcap, typename GQ, typename GK, typename GV, typename AccO, typename Softmax>
+// thread is past the barrier that follows its last read), K/V buffers may still be read by the last P V. A tile with
+// no block to visit (every one empty by the mod) returns at once, having loaded nothing.
+template <typename Layouts, bool kSoftcap, bool kMaskMod, typename GQ, typename GK, typename GV, typename AccO,
+          typename Softmax>
 __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, const GV& g_v,
-                                                  const FwdMainloopArgs& args, typename Layouts::Element* smem,
-                                                  AccO& acc_o, Softmax& softmax) {
+                                                  const FwdMainloopArgs& args, const FwdMaskModArgs& mod,
+                                                  typename Layouts::Element* smem, AccO& acc_o, Softmax& softmax) {
   using namespace cute;
   using Element = typename Layouts::Element;
   constexpr int kBlockM = Layouts::kBlockM;
@@ -126,6 +142,9 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
     if constexpr (kSoftcap) args.transform.apply_softcap(acc_s);
     Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
     if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
+    if constexpr (kMaskMod && decltype(apply_mask)::value) {
+      mod.bits.template apply<kBlockN>(acc_s_rc, tScS_rc, mod.m_start, n_block * kBlockN);
+    }
 
     // V[n] has landed, and every thread is done reading K[n]: K's buffer may be refilled.
     cute::cp_async_wait<0>();
@@ -142,6 +161,43 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
   };
 
   const common::KvBlockRange& blocks = args.blocks;
+  if constexpr (kMaskMod) {
+    // Visit t (the band's order) is masked when the band masks it or the mod's class is partial, full when the band
+    // does not and the mod's class is full; band-masked visits all come before num_masked.
+    const int num_blocks = blocks.num_blocks();
+    const int num_masked = blocks.num_masked();
+    auto mod_class = [&](int t) { return mod.classes[blocks.block_at(t)]; };
+    auto next_masked = [&](int t) {
+      while (t < num_blocks &&
+             (mod_class(t) == common::kMaskTileEmpty || (t >= num_masked && mod_class(t) == common::kMaskTileFull))) {
+        ++t;
+      }
+      return t;
+    };
+    auto next_full = [&](int t) {
+      while (t < num_blocks && mod_class(t) != common::kMaskTileFull) ++t;
+      return t;
+    };
+    int t_masked = next_masked(0);
+    int t_full = next_full(num_masked);
+    auto block_or_none = [&](int t) { return t < num_blocks ? blocks.block_at(t) : -1; };
+    const int first = t_masked < num_blocks ? t_masked : t_full;
+    if (first >= num_blocks) return;
+    copy_rows_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, args.rows_valid_q);
+    load_k(cute::true_type{}, blocks.block_at(first));
+    cute::cp_async_fence();
+    while (t_masked < num_blocks) {
+      const int t_next = next_masked(t_masked + 1);
+      kv_step(cute::true_type{}, blocks.block_at(t_masked), block_or_none(t_next < num_blocks ? t_next : t_full));
+      t_masked = t_next;
+    }
+    while (t_full < num_blocks) {
+      const int t_next = next_full(t_full + 1);
+      kv_step(cute::false_type{}, blocks.block_at(t_full), block_or_none(t_next));
+      t_full = t_next;
+    }
+    return;
+  }
   copy_rows_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, args.rows_valid_q);
   load_k(cute::true_type{}, blocks.block_at(0));
   cute::cp_async_fence();

@@ -55,7 +55,8 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0 ||
       params.seqlen_q_rounded < common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
-      params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 || kBwdSeqlenQRounding % Mainloop::kBlockM != 0) {
+      params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 || kBwdSeqlenQRounding % Mainloop::kBlockM != 0 ||
+      params.mask_bits != nullptr) {  // mask mods run on the sm80 family (dispatch sends them there)
     return cudaErrorInvalidValue;
   }
   if (!detail::tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||

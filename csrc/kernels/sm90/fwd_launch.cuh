@@ -215,7 +215,8 @@ cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
+      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0 ||
+      params.mask_bits != nullptr) {  // mask mods run on the sm80 family (dispatch sends them there)
     return cudaErrorInvalidValue;
   }
   // The plan's choices (fwd_choices below): split keys into the workspace the lowering allocated, else packed GQA

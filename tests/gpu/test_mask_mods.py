@@ -1,0 +1,232 @@
+"""Mask mods on the kernels (issue 38): the sm80 forward and backward with a mod's packed bits, against the reference
+(docs/design.md §5's tolerances) on fresh random data, for the built-in masks and custom ones, every dtype, several
+widths (an odd one included), GQA, Sq != Sk both ways, lengths that are not a multiple of any tile, the band ANDed,
+softcap, sinks, rows with no visible key, bits broadcast over batch / heads and per head; explain names the family.
+FLASHJAX_MASK_SEED replays one run (the seed is printed)."""
+import dataclasses
+import os
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import flashjax
+import sweep
+from flashjax import mask_bits
+from flashjax.masks import MaskMod, static
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "cpu"))
+import mask_mod_examples as examples  # noqa: E402
+
+SEED = int(os.environ.get("FLASHJAX_MASK_SEED", np.random.SeedSequence().entropy % 2**31))
+
+
+def test_seed_is_reported():
+    print(f"FLASHJAX_MASK_SEED={SEED}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowsWithoutKeys(MaskMod):
+    """Causal, except that every row q with q % period == phase sees no key at all (an empty row by the mod alone)."""
+
+    period: int = static()
+    phase: int = static()
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx % self.period != self.phase)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadStripes(MaskMod):
+    """Per query head: head h sees the keys whose (kv // 16) % (h + 2) != 0, within a per-(batch, head) reach."""
+
+    reach: jax.Array  # [B, H]
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return ((kv_idx // 16) % (h + 2) != 0) & (kv_idx <= q_idx + self.reach[b, h])
+
+
+def _doc_ids(rng, rows, length, docs):
+    """int32 [rows, length]: each row cut into `docs` documents at random points of its own."""
+    ids = np.zeros((rows, length), np.int32)
+    for r in range(rows):
+        cuts = np.sort(rng.choice(np.arange(1, length), size=min(docs - 1, length - 1), replace=False))
+        ids[r] = np.searchsorted(cuts, np.arange(length), side="right")
+    return jnp.asarray(ids)
+
+
+# name -> mod from (rng, batch, heads, longest sequence)
+MODS = {
+    "causal": lambda rng, b, h, s: flashjax.causal_mask(),
+    "document": lambda rng, b, h, s: flashjax.document_mask(_doc_ids(rng, b, s, 5)),
+    "document_one_row": lambda rng, b, h, s: flashjax.document_mask(_doc_ids(rng, 1, s, 3)),
+    "sliding_window": lambda rng, b, h, s: flashjax.sliding_window_mask(int(rng.integers(1, 150)),
+                                                                        int(rng.integers(0, 40))),
+    "prefix_lm": lambda rng, b, h, s: flashjax.prefix_lm_mask(jnp.asarray(rng.integers(0, s, b), jnp.int32)),
+    "prefix_lm_window": lambda rng, b, h, s: examples.PrefixLMWindow(
+        jnp.asarray(rng.integers(0, s, b), jnp.int32), window=int(rng.integers(8, 120))),
+    "global_local": lambda rng, b, h, s: examples.GlobalLocal(num_global=int(rng.integers(1, 20)),
+                                                              window=int(rng.integers(4, 90))),
+    "per_head": lambda rng, b, h, s: HeadStripes(jnp.asarray(rng.integers(-30, 60, (b, h)), jnp.int32)),
+    "rows_without_keys": lambda rng, b, h, s: RowsWithoutKeys(period=7, phase=int(rng.integers(0, 7))),
+}
+
+
+def _run(cfg, mod, inputs, backend):
+    """out, lse and (dq, dk, dv, dsinks) for random cotangents, under jit, the mod's fields as jit arguments."""
+    q, k, v, sinks, d_out, d_lse = inputs
+    if backend == "reference":
+        q, k, v, d_out = (x.astype(jnp.float32) for x in (q, k, v, d_out))
+
+    @jax.jit
+    def fwd_bwd(q, k, v, sinks, d_out, d_lse, mod):
+        def attention(q, k, v, sinks):
+            return flashjax.flash_attn(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
+                                       softcap=cfg.softcap, mask_mod=mod, return_lse=True, backend=backend)
+
+        (out, lse), vjp = jax.vjp(attention, q, k, v, sinks)
+        grads = vjp((d_out.astype(out.dtype), jnp.where(jnp.isfinite(lse), d_lse, 0.0)))
+        return out, lse, grads
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fwd_bwd(q, k, v, sinks, d_out, d_lse, mod)
+
+
+def _assert_matches(cfg, mod_name, stream):
+    rng = np.random.default_rng([SEED, stream])
+    mod = MODS[mod_name](rng, cfg.batch, cfg.heads_q, max(cfg.seqlen_q, cfg.seqlen_k))
+    inputs = sweep.make_inputs(cfg, rng)
+    kernel = _run(cfg, mod, inputs, "kernel")
+    reference = _run(cfg, mod, inputs, "reference")
+    errors = sweep.compare(cfg, kernel, reference, inputs)
+    bad = sweep.check(cfg, errors)
+    assert not bad, f"{mod_name} {cfg} (seed {SEED}, stream {stream}): {bad}; all errors {errors}"
+    return mod, kernel, reference
+
+
+def _cfg(**kw):
+    base = dict(dtype="bfloat16", batch=2, seqlen_q=333, seqlen_k=333, heads_q=4, heads_k=2, head_dim=128)
+    base.update(kw)
+    return sweep.Config(**base)
+
+
+# Every mod at the main shapes: D 128 and 64 and an odd width, both dtypes, GQA, Sq != Sk both ways.
+SHAPES = [
+    _cfg(),
+    _cfg(dtype="float16", head_dim=64, seqlen_q=200, seqlen_k=517, heads_q=6, heads_k=3),
+    _cfg(head_dim=80, seqlen_q=517, seqlen_k=190, heads_q=8, heads_k=1),
+    _cfg(dtype="float16", head_dim=40, head_dim_v=72, seqlen_q=129, seqlen_k=1000, batch=3, heads_q=2, heads_k=2),
+]
+
+
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+@pytest.mark.parametrize("mod_name", sorted(MODS))
+def test_mod_matches_reference(mod_name, shape):
+    _assert_matches(SHAPES[shape], mod_name, 1000 * shape + sorted(MODS).index(mod_name))
+
+
+# The band ANDed (causal, windows that empty rows), softcap, sinks, long keys, single rows (decode), more widths.
+FEATURES = [
+    _cfg(causal=True),
+    _cfg(window_size=(60, 5), seqlen_q=700, seqlen_k=900),
+    _cfg(causal=True, window_size=(20, -1), seqlen_q=900, seqlen_k=300),
+    _cfg(softcap=30.0),
+    _cfg(sinks=True, dtype="float16"),
+    _cfg(sinks=True, softcap=5.0, causal=True, head_dim=192, heads_q=4, heads_k=4),
+    _cfg(head_dim=256, seqlen_q=300, seqlen_k=611, causal=True),
+    _cfg(head_dim=96, seqlen_q=1, seqlen_k=2049),
+    _cfg(seqlen_q=2100, seqlen_k=2100, batch=1, heads_q=2, heads_k=1),
+]
+
+
+@pytest.mark.parametrize("feature", range(len(FEATURES)))
+@pytest.mark.parametrize("mod_name", ["document", "prefix_lm_window", "global_local", "per_head",
+                                      "rows_without_keys"])
+def test_mod_with_features_matches_reference(mod_name, feature):
+    _assert_matches(FEATURES[feature], mod_name, 50_000 + 100 * feature + sorted(MODS).index(mod_name))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rows_without_keys_give_zeros_and_no_nan(dtype):
+    cfg = _cfg(dtype=dtype, sinks=False)
+    mod, (out, lse, grads), _ = _assert_matches(cfg, "rows_without_keys", 90_000 + (dtype == "float16"))
+    rows = np.arange(cfg.seqlen_q) % mod.period == mod.phase
+    assert np.all(np.asarray(out, np.float32)[:, rows] == 0)
+    assert np.all(np.isneginf(np.asarray(lse)[:, :, rows]))
+    assert np.all(np.asarray(grads[0], np.float32)[:, rows] == 0)
+    for g in grads[:3]:
+        assert np.all(np.isfinite(np.asarray(g, np.float32)))
+
+
+def test_bits_layouts_are_the_contracts():
+    """The mods above reach each layout the kernels index: broadcast over both, per batch, and per batch and head."""
+    shapes = {name: mask_bits.mask_bits_shape(MODS[name](np.random.default_rng(0), 2, 4, 64), batch=2, heads=4,
+                                              seqlen_q=64, seqlen_k=64)[:2]
+              for name in ("causal", "document", "per_head")}
+    assert shapes == {"causal": (1, 1), "document": (2, 1), "per_head": (2, 4)}
+
+
+def test_explain_names_the_sm80_family():
+    q = jax.ShapeDtypeStruct((2, 512, 8, 128), jnp.bfloat16)
+    k = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
+    text = flashjax.explain(q, k, k, causal=True, mask_mod=flashjax.causal_mask())
+    assert ": kernel (sm80 forward kernel" in text, text
+    assert "the sm90 kernels do not take mask mods yet" in text, text
+    assert "backward: sm80 backward kernel" in text, text
+    assert "tangent (jax.jvp): the reference's (no tangent kernel implements mask_mod" in text, text
+
+
+def test_a_mod_the_kernels_cannot_compile_falls_back_or_raises():
+    @dataclasses.dataclass(frozen=True)
+    class Sine(MaskMod):
+        def __call__(self, b, h, q_idx, kv_idx):
+            return jnp.sin(q_idx.astype(jnp.float32)) > kv_idx.astype(jnp.float32) * 0
+
+    q = jnp.ones((1, 64, 2, 64), jnp.bfloat16)
+    from flashjax.mask_trace import MaskModCodegenError
+    with pytest.raises(MaskModCodegenError, match="Sine"):
+        flashjax.flash_attn(q, q, q, mask_mod=Sine(), backend="kernel")
+    with pytest.warns(UserWarning, match="reference"):
+        out = flashjax.flash_attn(q, q, q, mask_mod=Sine())
+    assert out.shape == q.shape
+
+
+def test_new_field_values_reuse_the_compiled_call():
+    cfg = _cfg(seqlen_q=256, seqlen_k=256)
+    rng = np.random.default_rng([SEED, 7])
+    q, k, v, *_ = sweep.make_inputs(cfg, rng)
+    f = jax.jit(lambda q, k, v, mod: flashjax.flash_attn(q, k, v, mask_mod=mod, backend="kernel"))
+    first = f(q, k, v, flashjax.document_mask(_doc_ids(rng, 2, 256, 4)))
+    second = f(q, k, v, flashjax.document_mask(_doc_ids(rng, 2, 256, 6)))
+    assert f._cache_size() == 1
+    assert not np.array_equal(np.asarray(first, np.float32), np.asarray(second, np.float32))
+
+
+def test_vmap_over_documents_matches_each_call():
+    cfg = _cfg(seqlen_q=200, seqlen_k=200)
+    rng = np.random.default_rng([SEED, 8])
+    q, k, v, *_ = sweep.make_inputs(cfg, rng)
+    ids = jnp.stack([_doc_ids(rng, 2, 200, 3), _doc_ids(rng, 2, 200, 5)])
+    call = lambda ids: flashjax.flash_attn(q, k, v, mask_mod=flashjax.document_mask(ids), backend="kernel")
+    mapped = jax.vmap(call)(ids)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(mapped[i], np.float32), np.asarray(call(ids[i]), np.float32))
+
+
+def test_jvp_of_a_mask_mod_call_runs_the_reference_tangent():
+    cfg = _cfg(seqlen_q=150, seqlen_k=170)
+    rng = np.random.default_rng([SEED, 9])
+    q, k, v, *_ = sweep.make_inputs(cfg, rng)
+    mod = MODS["global_local"](rng, 2, 4, 170)
+    def f(backend, dtype):
+        k_, v_ = k.astype(dtype), v.astype(dtype)
+        return lambda q: flashjax.flash_attn(q, k_, v_, mask_mod=mod, backend=backend).astype(jnp.float32)
+
+    _, t_kernel = jax.jvp(f("kernel", q.dtype), (q,), (q,))
+    _, t_ref = jax.jvp(f("reference", jnp.float32), (q.astype(jnp.float32),), (q.astype(jnp.float32),))
+    assert sweep.rel_err(t_kernel, t_ref) < 2e-2
