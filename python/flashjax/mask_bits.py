@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
-from jax.interpreters import mlir
+from jax.interpreters import batching, mlir
 
 from flashjax import _ffi
 from flashjax.kernel_cache import CachedBinary
@@ -242,7 +242,24 @@ def _eager(params: tuple) -> callable:
     return jax.jit(functools.partial(mask_bits_p.bind, **dict(params)))
 
 
+def _batching(fields, dims, **params):
+    """vmap over a mod's fields (e.g. per-example document ids): the kernel once per mapped index under lax.map, the
+    unmapped fields shared; the bits gain the mapped axis in front."""
+    size = next(f.shape[d] for f, d in zip(fields, dims) if d is not None)
+    mapped = [i for i, d in enumerate(dims) if d is not None]
+
+    def one(xs):
+        operands = list(fields)
+        for i, x in zip(mapped, xs):
+            operands[i] = x
+        return mask_bits_p.bind(*operands, **params)
+
+    xs = [batching.bdim_at_front(fields[i], dims[i], size) for i in mapped]
+    return jax.lax.map(one, xs), 0
+
+
 mask_bits_p.def_impl(lambda *fields, **params: _eager(tuple(sorted(params.items())))(*fields))
+batching.primitive_batchers[mask_bits_p] = _batching
 mask_bits_p.def_abstract_eval(_abstract)
 mlir.register_lowering(mask_bits_p, _cuda_lowering, platform="cuda")
 mlir.register_lowering(mask_bits_p, _reference_lowering)

@@ -267,3 +267,15 @@ def test_a_mod_without_fields_lowers_with_no_operands(monkeypatch):
     line = _custom_call(_lowered(examples.GlobalLocal(num_global=2, window=3), batch=2, heads=2, seqlen_q=8,
                                  seqlen_k=8))
     assert "@flashjax_mask_bits()" in line and "field_shapes = dense<0> : tensor<1xi64>" in line
+
+
+def test_vmap_over_fields_runs_the_primitive_per_example():
+    """vmap of the kernel's primitive over a mod's array field (per-example document ids): one call per index, the
+    bits stacked in front, each equal to the reference (the primitive's reference lowering here, the kernel on a GPU)."""
+    ids = jnp.asarray(np.random.default_rng(5).integers(0, 3, (4, 2, 70)).cumsum(-1) // 5, jnp.int32)
+    call = lambda i: mb._bind_kernel(masks.document_mask(i), batch=2, heads=3, seqlen_q=50, seqlen_k=70)
+    got = jax.jit(jax.vmap(call))(ids)
+    want = jnp.stack([mb.mask_bits_reference(masks.document_mask(i), batch=2, heads=3, seqlen_q=50, seqlen_k=70)
+                      for i in ids])
+    assert got.shape == (4, 2, 1, 50, 3)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
