@@ -21,12 +21,14 @@
 Timing is bench.py's (docs/design.md §6): jitted callables rotated over --input-sets input sets, calls per trial
 calibrated to >= 20 ms, the trials of every variant of a row interleaved, medians reported; FLOPs are bench.Row's
 (causal Sq*Sk/2 pairs, forward + backward = 3.5x the forward: bench.py's "step"). Exit status 1 if any check fails
-(or a row raises). --cpu-devices N sets XLA_FLAGS for N virtual CPU devices before jax is imported; it touches only
-JAX's CPU client, so where GPUs exist they are still the devices used (and the flag is reported as unused).
+(or a row raises). --cpu-devices N sets XLA_FLAGS for N virtual CPU devices before jax is imported, and only where
+no GPU is visible (/dev/nvidia*, unless JAX_PLATFORMS=cpu): there the GPUs are the devices and the flag is reported
+as unused.
 """
 import argparse
 import contextlib
 import functools
+import glob
 import itertools
 import json
 import math
@@ -95,6 +97,12 @@ def parse_args(argv):
     if args.cpu_devices is not None and args.cpu_devices < 1:
         p.error(f"--cpu-devices: expected a positive int, got {args.cpu_devices}")
     return args
+
+
+def gpus_visible():
+    """NVIDIA device nodes, unless JAX is pinned to the CPU: checked before jax is imported (importing it would
+    start its clients)."""
+    return os.environ.get("JAX_PLATFORMS", "") != "cpu" and bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def force_cpu_devices(count):
@@ -489,7 +497,7 @@ def format_report(report):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.cpu_devices is not None:
+    if args.cpu_devices is not None and not gpus_visible():  # never virtual devices where GPUs exist
         force_cpu_devices(args.cpu_devices)
     import_jax()
     devices = jax.devices()
