@@ -96,9 +96,8 @@ std::vector<std::string> split_archs(std::string_view archs) {
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
-  // Varlen runs on the portable sm80 family on every arch, forward and backward (sm90 included, until its kernels
-  // take packed sequences).
-  constexpr std::string_view kVarlenFamily = "sm80";
+  // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family forward and backward,
+  // the sm90 forward; so on Hopper the forward is sm90's and the backward sm80's.
   if (problem.varlen && problem.direction == Direction::kTangent) {
     choice.reason = "no tangent kernel implements varlen (packed) attention yet (the sm80 forward and backward do)";
     return choice;
@@ -128,7 +127,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
         entry.head_dim != problem.head_dim || !family_runs ||
-        (problem.varlen && entry.family != kVarlenFamily)) {
+        (problem.varlen && !entry.varlen)) {
       continue;
     }
     if (ordered && !entry.deterministic) {
@@ -162,8 +161,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
-                    (problem.varlen ? " (varlen: the sm80 family on every device, forward and backward; varlen is "
-                                      "not on the sm90 kernels yet)"
+                    (problem.varlen
+                         ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
+                               " takes packed sequences on this sm_" + std::to_string(device_sm) +
+                               " device; the sm90 family's forward does, its backward not yet)"
                      : problem.direction == Direction::kTangent
                          ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "
                            "tangent kernel yet)"
