@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
+    if constexpr (Kernel::kVarlen) shared.barriers.v_past_keys.init(/*arrive_count=*/1);
   }
   PipelineK pipeline_k(shared.barriers.k, kv_pipeline_params<PipelineK, Kernel>(is_producer, producer_leader_thread(0)),
                        Shape<_1, _1, _1>{});
@@ -241,6 +242,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     auto write_k = cutlass::make_producer_start_state<PipelineK>();
     auto write_v = cutlass::make_producer_start_state<PipelineV>();
     int tiles_with_work = 0;
+    uint32_t v_past_keys_phase = 0;  // varlen only (Mainloop::load_v_varlen)
     auto load_nothing = [](const typename Scheduler::Tile&) {};  // the consumers write those tiles out
     for (ScheduledTile scheduled =
              next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), load_nothing);
@@ -254,7 +256,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       const typename Mainloop::LoadCoords at = [&] {
         const int head_k = tile.head * params.tiling.group / params.heads_per_kv;
         if constexpr (Kernel::kVarlen) {
-          return typename Mainloop::LoadCoords{{tile.m_block, tile.head, head_k, batch}, tile.q_start, tile.k_start};
+          return typename Mainloop::LoadCoords{{tile.m_block, tile.head, head_k, batch}, tile.q_start, tile.k_start,
+                                               tile.seqlen_k};
         } else {
           return typename Mainloop::LoadCoords{tile.m_block, tile.head, head_k, batch};
         }
@@ -270,7 +273,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         // lever table). That barrier cannot complete a second phase before this wait sees the first: the next Q
         // into buffer 0 waits for this tile's epilogue, which needs this V.
         if (tiles_with_work++ == 0) shared.barriers.q[0].wait(0);
-        Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
+        if constexpr (Kernel::kVarlen) {
+          Mainloop::load_v_varlen(params.mainloop, shared.tensors, shared.barriers, pipeline_v, write_v, leader, at,
+                                  scheduled.blocks, v_past_keys_phase);
+        } else {
+          Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
+        }
       }
     }
     return;

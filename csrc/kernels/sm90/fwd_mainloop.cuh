@@ -120,11 +120,16 @@ struct FwdMainloopSm90 {
   using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
   using StateK = cutlass::PipelineState<kStagesK>;
   using StateV = cutlass::PipelineState<kStagesV>;
-  struct BarrierStorage {
+  struct DenseBarrierStorage {
     typename PipelineK::SharedStorage k;
     typename PipelineV::SharedStorage v;
     cutlass::arch::ClusterTransactionBarrier q[kQStages];
   };
+  // Varlen: V boxes that reach past the sequence's used keys land on a barrier of their own first (load_v_varlen).
+  struct VarlenBarrierStorage : DenseBarrierStorage {
+    cutlass::arch::ClusterTransactionBarrier v_past_keys;
+  };
+  using BarrierStorage = std::conditional_t<kVarlen, VarlenBarrierStorage, DenseBarrierStorage>;
 
   // Global tensors as TMA sees them: (seqlen, D, heads, batch) for Q and K, (D, seqlen, heads, batch) for V^T.
   // One descriptor covers every batch and head; 64-bit strides.
@@ -228,6 +233,7 @@ struct FwdMainloopSm90 {
   struct VarlenLoadCoords : DenseLoadCoords {
     int q_start;  // the sequence's first query row and first key in the packed tensors
     int k_start;
+    int seqlen_k;  // its used keys
   };
   // The varlen fields exist only in the varlen kernel (with them in every kernel, unread, ptxas allocated the dense
   // D 128 kernels' registers differently in ~100 instructions).
@@ -342,6 +348,64 @@ struct FwdMainloopSm90 {
     Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
     for (int t = 0; t < blocks.num_blocks(); ++t) {
       load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, blocks.block_at(t), leader);
+    }
+    __syncwarp();
+  }
+
+  // load_v for packed sequences. A V box that reaches past the sequence's used keys holds rows of the next sequence
+  // (or unused rows past seqused_k) that the band mask hides from the scores, but O += P V multiplies them by P = 0,
+  // and 0 * inf or 0 * NaN is NaN: such a box lands on a barrier of its own (barriers.v_past_keys), the warp zeroes
+  // those rows (as the sm80 family's predicated loads read zeros there, and the reference zeroes unused tokens), and
+  // only then completes the stage's transaction on its full barrier, which the consumers wait on. Rows past T are
+  // TMA's zero fill already. The fence orders the generic-proxy zeros before the wgmma reads (async proxy) that the
+  // consumers issue once they see the stage full. v_past_keys_phase: the warp's count of such boxes, mod 2.
+  __device__ static void load_v_varlen(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
+                                       PipelineV& pipeline_v, StateV& write_v, bool leader, const LoadCoords& at,
+                                       const common::KvBlockRange& blocks, uint32_t& v_past_keys_phase) {
+    using namespace cute;
+    static_assert(kVarlen);
+    Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
+    Tensor m_vt = from_row<1, true>(
+        params.tma_vt.get_tma_tensor(select<1, 0, 2, 3>(params.shape_k))(_, _, at.head_k, at.batch), at);
+    Tensor g_vt = local_tile(m_vt, Shape<HeadDim, BlockN>{}, make_coord(_0{}, _));  // (D, kBlockN, n_blocks)
+    auto tma_vt = params.tma_vt.get_slice(_0{});
+    Tensor tVgV = group_modes<0, 3>(tma_vt.partition_S(g_vt));  // (TMA, n_blocks)
+    Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
+    const int rows_in_tensor = get<0>(params.shape_k) - at.k_start;  // rows of the packed tensor from the start on
+    constexpr int kVecElems = 16 / sizeof(Element);  // the swizzle keeps 16-byte runs of D contiguous
+    constexpr int kVecsPerRow = kHeadDim / kVecElems;
+    for (int t = 0; t < blocks.num_blocks(); ++t) {
+      const int n_block = blocks.block_at(t);
+      const int past_begin = at.seqlen_k - n_block * kBlockN;  // first box row past the used keys (> 0)
+      const int past_end = min(kBlockN, rows_in_tensor - n_block * kBlockN);
+      if (past_begin >= past_end) {
+        load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, n_block, leader);
+        continue;
+      }
+      auto& landed = barriers.v_past_keys;
+      if (leader) {
+        pipeline_v.producer_acquire(write_v);  // arms the full barrier with the stage's bytes
+        landed.arrive_and_expect_tx(kTmaBytesKV);
+        copy(params.tma_vt.with(reinterpret_cast<uint64_t&>(landed), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tVgV(_, n_block), tVsV(_, write_v.index()));
+      }
+      __syncwarp();
+      landed.wait(v_past_keys_phase);
+      v_past_keys_phase ^= 1;
+      Element* stage = tensors.v.data();
+      const int stage_index = write_v.index();
+      for (int i = threadIdx.x % 32 + past_begin * kVecsPerRow; i < past_end * kVecsPerRow; i += 32) {
+        const int offset = SmemLayoutVt{}(make_coord((i % kVecsPerRow) * kVecElems, i / kVecsPerRow, stage_index));
+        *reinterpret_cast<uint4*>(stage + offset) = make_uint4(0, 0, 0, 0);
+      }
+      cutlass::arch::fence_view_async_shared();
+      __syncwarp();
+      if (leader) {
+        __threadfence_block();
+        cutlass::arch::ClusterTransactionBarrier::complete_transaction(pipeline_v.producer_get_barrier(write_v),
+                                                                       cute::block_rank_in_cluster(), kTmaBytesKV);
+      }
+      ++write_v;
     }
     __syncwarp();
   }
