@@ -1,5 +1,6 @@
-"""Varlen (packed sequences) on the kernels: the sm80 family's forward and backward (csrc/kernels/sm80, docs/design.md
-§2.7).
+"""Varlen (packed sequences) on the kernels (docs/design.md §2.7): the forward on the newest family whose forward takes
+packed sequences (sm90 on Hopper, csrc/kernels/sm90/fwd_varlen_*; the sm80 family elsewhere), the backward on the
+sm80 family's (csrc/kernels/sm80). Dispatch picks them; nothing here depends on which.
 
     fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks) -> (out [Tq, Hq, Dv], lse [Hq, Tq])
     bwd_varlen(q, k, v, out, lse, d_out, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, d_lse, sinks)

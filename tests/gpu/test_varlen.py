@@ -213,6 +213,30 @@ def test_fixed_varlen_cases_match_reference(name):
     assert np.all(np.asarray(dk, np.float32)[rows_k] == 0) and np.all(np.asarray(dv, np.float32)[rows_k] == 0), name
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_nan_in_unused_tokens_never_reaches_a_sequence(d):
+    """Tokens no sequence uses (past seqused, padding past cu_seqlens[N]) hold NaN: the reference zeroes them before
+    use, and the kernels must not let them in either, although the sm90 forward's boxes load them (the V rows past a
+    sequence's used keys are multiplied by P = 0, and 0 * NaN is NaN unless they are zeroed first)."""
+    rng = np.random.default_rng([SEED, d])
+    cfg = _fixed([65, 0, 130, 7], [129, 3, 200, 64], d=d, causal=True, sinks=True, seqused_q=True, seqused_k=True,
+                 padding_q=9, padding_k=70)
+    (q, k, v), extra, cotangents = _inputs(cfg, rng)
+    used_q, used_k = np.asarray(extra["seqused_q"]), np.asarray(extra["seqused_k"])
+    unused_q = _unused_rows(cfg["lengths_q"], used_q, q.shape[0])
+    unused_k = _unused_rows(cfg["lengths_k"], used_k, k.shape[0])
+    assert unused_k.any() and unused_q.any()
+    q = jnp.where(unused_q[:, None, None], jnp.nan, q).astype(q.dtype)
+    k = jnp.where(unused_k[:, None, None], jnp.nan, k).astype(k.dtype)
+    v = jnp.where(unused_k[:, None, None], jnp.nan, v).astype(v.dtype)
+    cfg = dict(cfg, _sinks=extra["sinks"])
+    kernel = _run(cfg, (q, k, v), extra, cotangents, "kernel")
+    reference = _run(cfg, (q, k, v), extra, cotangents, "reference")
+    bad = _check(cfg, _compare(cfg, kernel, reference, cotangents))
+    assert not bad, f"seed {SEED}, d {d}: {bad}"
+    assert np.all(np.isfinite(np.asarray(kernel[0], np.float32)))
+
+
 def test_no_sequences_give_zero_gradients():
     q = jnp.asarray(np.random.default_rng(SEED).standard_normal((10, 4, 64)), jnp.bfloat16)
     k = q[:7, :2]

@@ -354,7 +354,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     } else {
       const int m_start = scheduled.tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup;
       if constexpr (Kernel::kVarlen) {
-        return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, sequence_band(scheduled.tile).tile_mask(m_start)};
+        const common::TileMask mask = sequence_band(scheduled.tile).tile_mask(m_start);
+        return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, mask};
       } else {
         return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.tile_mask(m_start)};
       }

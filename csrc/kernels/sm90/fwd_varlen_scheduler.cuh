@@ -94,8 +94,9 @@ struct FwdVarlenTileSchedulerSm90 {
     return next < params.num_tiles ? next : params.num_tiles;
   }
 
-  // position in [0, num_tiles). Device only: it reads the offsets.
-  __device__ static Tile tile(const Params& params, int position) {
+  // position in [0, num_tiles). The offsets must be readable where it runs (the device; the host in
+  // tests/cpp/test_varlen_scheduler.cu).
+  __host__ __device__ static Tile tile(const Params& params, int position) {
     int head, virtual_block;
     params.blocks_divmod(head, virtual_block, position);
     const common::VarlenBlock found =
@@ -111,7 +112,7 @@ struct FwdVarlenTileSchedulerSm90 {
   // is <= t, t must lie in its used rows, and the virtual block holding t must resolve (tile() above) to that very
   // sequence and block. Then that block's tiles write t (store or store_empty: every used row of the tile); else no
   // tile does, with well-formed offsets and without.
-  __device__ static bool row_written(const Params& params, int t) {
+  __host__ __device__ static bool row_written(const Params& params, int t) {
     int lo = 0, hi = params.num_seqs - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
