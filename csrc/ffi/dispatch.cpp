@@ -99,7 +99,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family forward and backward,
   // the sm90 forward; so on Hopper the forward is sm90's and the backward sm80's.
   if (problem.varlen && problem.direction == Direction::kTangent) {
-    choice.reason = "no tangent kernel implements varlen (packed) attention yet (the sm80 forward and backward do)";
+    choice.reason = "no tangent kernel implements varlen (packed) attention yet (forward and backward kernels do)";
     return choice;
   }
   if (problem.mask_mod) {
