@@ -69,6 +69,13 @@ SMEM_BUDGETS = {("sm80", "fwd"): {163: HEAD_DIMS, 99: (256,)},
 # and the sanitizer's deterministic configs.
 DETERMINISTIC: set[tuple[str, str]] = {("sm90", "bwd")}
 
+# (family, direction) pairs whose kernels take packed sequences (varlen, FwdParams/BwdParams::cu_seqlens_q); dispatch
+# gives varlen calls only to these rows (the newest family among them wins). The sm80 family takes them as a runtime
+# branch of its kernels (the tangent's scheduler is its forward's), the sm90 forward through a compile-time variant
+# of its kernel (fwd_varlen_scheduler.cuh).
+# The sm90 backward joins once its kernels walk packed sequences; until then varlen's backward is the sm80 one.
+VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd")}
+
 # The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,
 # direction, dtype, head dim, shared-memory budget in KB or None).)
@@ -121,7 +128,8 @@ def table_rows(entries):
     for f, d, t, h, b in entries:
         row = (f"FLASHJAX_KERNEL({f}, run_{d}, Direction::k{d.capitalize()}, {FAMILIES[(f, d)][1]}, "
                f"DType::{DTYPES[t][1]}, ({template_args(t, h, b)}), {h}, {str(f in ARCH_SPECIFIC).lower()}, "
-               f"{d}_smem_bytes, {d}_choices, {str((f, d) in DETERMINISTIC).lower()})")
+               f"{d}_smem_bytes, {d}_choices, {str((f, d) in DETERMINISTIC).lower()}, "
+               f"{str((f, d) in VARLEN).lower()})")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
 

@@ -58,7 +58,8 @@ std::string build_info_json() {
                dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) +
                ", \"smem_bytes\": " + std::to_string(e.smem_bytes) +
                ", \"arch_specific\": " + (e.arch_specific ? "true" : "false") +
-               ", \"deterministic\": " + (e.deterministic ? "true" : "false") + "}";
+               ", \"deterministic\": " + (e.deterministic ? "true" : "false") +
+               ", \"varlen\": " + (e.varlen ? "true" : "false") + "}";
   }
   for (const flashjax::SettingInfo& s : flashjax::kSettings) {
     settings += std::string(settings.empty() ? "" : ", ") + "{\"name\": " + quoted(s.name) +

@@ -96,9 +96,8 @@ std::vector<std::string> split_archs(std::string_view archs) {
 Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_archs, const ProblemKey& problem,
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
-  // Varlen runs on the portable sm80 family on every arch, forward, backward and tangent (sm90 included, until its
-  // kernels take packed sequences).
-  constexpr std::string_view kVarlenFamily = "sm80";
+  // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
+  // and tangent, the sm90 forward; so on Hopper the forward is sm90's, the backward and tangent sm80's.
   // Mask mods (issue 38) run on the sm80 forward and backward on every arch, Hopper included: the sm90 kernels do
   // not take the mask bits yet. Not with varlen (b would be the sequence, the indices sequence-local) nor in the
   // tangent (jax.jvp of a mask-mod call evaluates the reference's tangent, primitives.py).
@@ -134,8 +133,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
         entry.head_dim != problem.head_dim || !family_runs ||
-        (problem.varlen && entry.family != kVarlenFamily) ||
-        (problem.mask_mod && entry.family != kMaskModFamily)) {
+        (problem.varlen && !entry.varlen) || (problem.mask_mod && entry.family != kMaskModFamily)) {
       continue;
     }
     if (ordered && !entry.deterministic) {
@@ -172,8 +170,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     (problem.mask_mod ? " (mask mod: the sm80 family on every device, forward and backward, the "
                                         "mask bits' tiles classified empty / full / partial; the sm90 kernels do "
                                         "not take mask mods yet)"
-                     : problem.varlen ? " (varlen: the sm80 family on every device, forward, backward and tangent; "
-                                      "varlen is not on the sm90 kernels yet)"
+                     : problem.varlen
+                         ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
+                               " takes packed sequences on this sm_" + std::to_string(device_sm) +
+                               " device; the sm90 family's forward does, its backward and tangent not yet)"
                      : problem.direction == Direction::kTangent
                          ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "
                            "tangent kernel yet)"

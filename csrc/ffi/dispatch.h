@@ -32,6 +32,9 @@ struct KernelEntry {
   // A backward that can add its dq partials in a fixed order (BwdParams::deterministic). Forward kernels are
   // deterministic as they are and leave it false.
   bool deterministic = false;
+  // Takes packed sequences (cu_seqlens_q set: docs/design.md §2.7); varlen calls go to such rows only
+  // (tools/gen_kernels.py's VARLEN).
+  bool varlen = false;
 };
 
 // One row of a generated table (csrc/kernels/generated/kernel_table_*.inc) as a KernelEntry, with `launch` its
@@ -39,7 +42,7 @@ struct KernelEntry {
 // targs is the instantiation's template argument list in parentheses, e.g. (cutlass::bfloat16_t, 128, 99).
 #define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
 #define FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices,      \
-                              deterministic, launch)                                                       \
+                              deterministic, varlen, launch)                                               \
   KernelEntry{#family,                                                                                     \
               direction,                                                                                   \
               dtype,                                                                                       \
@@ -48,7 +51,8 @@ struct KernelEntry {
               family::smem_bytes<FLASHJAX_TEMPLATE_ARGS targs>(),                                          \
               launch,                                                                                      \
               &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                              \
-              deterministic},
+              deterministic,                                                                               \
+              varlen},
 
 // What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
 struct ProblemKey {

@@ -147,6 +147,7 @@ PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProp
     query.num_sms = device.num_sms;
     query.num_splits = direction == Direction::kFwd ? problem.num_splits : 1;
     query.explain = explain;
+    query.varlen = problem.varlen;
     pass.choices = pass.kernel->choices(shape, query);
   }
   pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic, problem.varlen,

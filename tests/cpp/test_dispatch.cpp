@@ -6,8 +6,11 @@
 namespace flashjax {
 namespace {
 
+// Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward.
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
-  return {family, d, t, hdim, /*arch_specific=*/std::string_view(family) == "sm90", smem_bytes, nullptr, nullptr};
+  const bool sm90 = std::string_view(family) == "sm90";
+  const bool varlen = !(sm90 && d != Direction::kFwd);
+  return {family, d, t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false, varlen};
 }
 
 TEST(ArchRunsOn, SassRunsOnLaterMinorsOfTheSameMajor) {
@@ -137,7 +140,7 @@ TEST_F(ChooseKernel, TheTangentIsTheSm80FamilysOnEveryDevice) {
   const Choice packed = choose_kernel(90, archs, varlen, rows, /*smem_per_block_optin=*/0, /*explain=*/true);
   ASSERT_NE(packed.kernel, nullptr) << packed.reason;
   EXPECT_STREQ(packed.kernel->family, "sm80");
-  EXPECT_NE(packed.reason.find("forward, backward and tangent"), std::string::npos) << packed.reason;
+  EXPECT_NE(packed.reason.find("varlen"), std::string::npos) << packed.reason;
   const Choice missing = choose_kernel(90, archs, key(Direction::kTangent, DType::kFloat16, 128), rows);
   EXPECT_EQ(missing.kernel, nullptr);
   EXPECT_NE(missing.reason.find("no tangent kernel for fp16 head dim 128"), std::string::npos) << missing.reason;
@@ -167,18 +170,29 @@ TEST_F(ChooseKernel, RefusesDevicesWithoutCode) {
   EXPECT_EQ(volta.kernel, nullptr);
 }
 
-// Varlen runs on the sm80 family on every device, Hopper included (the sm90 kernels do not take it yet), forward and
-// backward; deterministic=True has no varlen kernel (the sm80 backward's dq atomics land in any order).
-TEST_F(ChooseKernel, VarlenTakesTheSm80Family) {
+// Varlen runs on the rows that take packed sequences: on Hopper the sm90 forward and the sm80 backward (the sm90
+// backward does not take them yet), elsewhere the sm80 family both ways; deterministic=True has no varlen kernel
+// (the sm80 backward's dq atomics land in any order).
+TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
+  std::vector<KernelEntry> rows = table;
+  rows.push_back(entry("sm90", Direction::kBwd, DType::kBFloat16, 128));  // no varlen: never chosen for it
   for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
     ProblemKey varlen = key(direction, DType::kBFloat16, 128);
     varlen.varlen = true;
-    const Choice hopper = choose_kernel(90, archs, varlen, table);
+    const Choice hopper = choose_kernel(90, archs, varlen, rows);
     ASSERT_NE(hopper.kernel, nullptr);
-    EXPECT_STREQ(hopper.kernel->family, "sm80");
-    EXPECT_NE(hopper.reason.find("sm80 family"), std::string::npos) << hopper.reason;
-    EXPECT_NE(hopper.reason.find("not on the sm90"), std::string::npos) << hopper.reason;
+    EXPECT_STREQ(hopper.kernel->family, direction == Direction::kFwd ? "sm90" : "sm80");
+    EXPECT_NE(hopper.reason.find("varlen"), std::string::npos) << hopper.reason;
+    const Choice ampere = choose_kernel(86, archs, varlen, rows);
+    ASSERT_NE(ampere.kernel, nullptr);
+    EXPECT_STREQ(ampere.kernel->family, "sm80");
   }
+  // A build whose only forward row takes no varlen refuses varlen forwards.
+  std::vector<KernelEntry> dense_only = {entry("sm90", Direction::kFwd, DType::kBFloat16, 128)};
+  dense_only[0].varlen = false;
+  ProblemKey varlen = key(Direction::kFwd, DType::kBFloat16, 128);
+  varlen.varlen = true;
+  EXPECT_EQ(choose_kernel(90, archs, varlen, dense_only).kernel, nullptr);
   ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
   ordered.varlen = true;
   ordered.deterministic = true;

@@ -33,7 +33,8 @@ FamilyChoices fake_bwd_choices(const AttnShape&, const ChoiceQuery&) {
 }
 
 KernelEntry entry(Direction d, DType t, int hdim, int smem = 48 * 1024) {
-  return {"sm80", d, t, hdim, false, smem, nullptr, d == Direction::kFwd ? fake_fwd_choices : fake_bwd_choices};
+  return {"sm80", d, t, hdim, false, smem, nullptr, d == Direction::kFwd ? fake_fwd_choices : fake_bwd_choices,
+          /*deterministic=*/false, /*varlen=*/true};
 }
 
 class PlanCall : public ::testing::Test {

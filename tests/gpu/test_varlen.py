@@ -1,4 +1,5 @@
-"""Varlen (packed sequences) on the kernels against the reference: the sm80 forward and backward (issue 37).
+"""Varlen (packed sequences) on the kernels against the reference (issue 37): whatever dispatch picks, i.e. on Hopper
+the sm90 forward with the sm80 backward, elsewhere (or with FLASHJAX_DISABLE_FAMILIES=sm90) the sm80 family both ways.
 
 Random packings (N 1..64, lengths 0..2000 with many empty and tiny ones, q and k packed differently, seqused, GQA,
 causal / windows, sinks, softcap, bf16 / fp16, odd head dims) from a fresh seed each run (FLASHJAX_VARLEN_SEED
@@ -181,6 +182,17 @@ FIXED = {
     "long_causal": _fixed([3000], hq=2, hk=1, d=64, causal=True),
     "d192_fp16": _fixed([333, 65, 128], [200, 400, 1], d=192, dtype="float16", window=(32, 7), sinks=True),
     "d40_mqa": _fixed([190, 61], hq=8, hk=1, d=40, softcap=15.0, seqused_q=True),
+    # The sm90 forward's tiles start at each sequence's first row and run over into the next sequence: lengths around
+    # its 64-row warpgroups and 128-row tiles on both sides, packed differently; an empty sequence between two long
+    # ones (several tiles each, seqused inside them); decode against caches of 1k..4k keys (GQA 4:1); D 64 / 128 /
+    # 256; a window with softcap.
+    "tile_boundaries": _fixed([63, 64, 65, 127, 128, 129], [129, 128, 127, 65, 64, 63], d=128, causal=True,
+                              sinks=True, padding_q=5, padding_k=3),
+    "empty_between_long": _fixed([1500, 0, 1300], [1400, 0, 1700], hq=4, hk=1, d=256, seqused_q=True,
+                                 seqused_k=True),
+    "decode_long_caches": _fixed(np.ones(32, int), np.arange(32) * 97 + 1000, hq=8, hk=2, d=128, causal=True),
+    "d64_window_softcap": _fixed([257, 3, 190, 64], [300, 1, 190, 700], d=64, window=(40, 40), softcap=15.0,
+                                 dtype="float16"),
 }
 
 
@@ -199,6 +211,30 @@ def test_fixed_varlen_cases_match_reference(name):
     rows_k = _unused_rows(cfg["lengths_k"], used_k, tk)
     assert np.all(np.asarray(dq, np.float32)[rows_q] == 0), name
     assert np.all(np.asarray(dk, np.float32)[rows_k] == 0) and np.all(np.asarray(dv, np.float32)[rows_k] == 0), name
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_nan_in_unused_tokens_never_reaches_a_sequence(d):
+    """Tokens no sequence uses (past seqused, padding past cu_seqlens[N]) hold NaN: the reference zeroes them before
+    use, and the kernels must not let them in either, although the sm90 forward's boxes load them (the V rows past a
+    sequence's used keys are multiplied by P = 0, and 0 * NaN is NaN unless they are zeroed first)."""
+    rng = np.random.default_rng([SEED, d])
+    cfg = _fixed([65, 0, 130, 7], [129, 3, 200, 64], d=d, causal=True, sinks=True, seqused_q=True, seqused_k=True,
+                 padding_q=9, padding_k=70)
+    (q, k, v), extra, cotangents = _inputs(cfg, rng)
+    used_q, used_k = np.asarray(extra["seqused_q"]), np.asarray(extra["seqused_k"])
+    unused_q = _unused_rows(cfg["lengths_q"], used_q, q.shape[0])
+    unused_k = _unused_rows(cfg["lengths_k"], used_k, k.shape[0])
+    assert unused_k.any() and unused_q.any()
+    q = jnp.where(unused_q[:, None, None], jnp.nan, q).astype(q.dtype)
+    k = jnp.where(unused_k[:, None, None], jnp.nan, k).astype(k.dtype)
+    v = jnp.where(unused_k[:, None, None], jnp.nan, v).astype(v.dtype)
+    cfg = dict(cfg, _sinks=extra["sinks"])
+    kernel = _run(cfg, (q, k, v), extra, cotangents, "kernel")
+    reference = _run(cfg, (q, k, v), extra, cotangents, "reference")
+    bad = _check(cfg, _compare(cfg, kernel, reference, cotangents))
+    assert not bad, f"seed {SEED}, d {d}: {bad}"
+    assert np.all(np.isfinite(np.asarray(kernel[0], np.float32)))
 
 
 def test_no_sequences_give_zero_gradients():
@@ -260,12 +296,26 @@ def test_malformed_offsets_give_finite_results_under_jit(name, causal):
             assert np.all(np.isfinite(np.asarray(g, np.float32))), name
 
 
-def test_explain_says_the_sm80_family_runs_varlen():
+def _sm90_varlen_forward():
+    """Whether dispatch gives varlen forwards to the sm90 family here: an sm90 device, the build's bf16 D 128 sm90
+    forward marked varlen, and the family not switched off (the sm80 mode)."""
+    device = flashjax._ffi.default_device()
+    if device is None or device[0] != 90 or "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(","):
+        return False
+    return any(row["family"] == "sm90" and row["direction"] == "fwd" and row["dtype"] == "bf16" and
+               row["head_dim"] == 128 and row.get("varlen") for row in flashjax._ffi.build_info().get("kernels", []))
+
+
+def test_explain_names_the_varlen_families():
     q = jax.ShapeDtypeStruct((100, 8, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((300, 2, 128), jnp.bfloat16)
     cu = jax.ShapeDtypeStruct((5,), jnp.int32)
     text = flashjax.explain(q, k, k, cu, cu, causal=True)
-    assert "sm80" in text and "varlen" in text, text
+    forward = text.split("backward: ", 1)[0]  # the plan's reason is the forward's, then its tiles
+    family = "sm90" if _sm90_varlen_forward() else "sm80"
+    assert f": kernel ({family} forward kernel" in forward and "varlen" in forward, text
+    if family == "sm90":  # one tile per (sequence block, query head): no GQA packing, no key splits
+        assert "the varlen kernel's" in forward and "GQA packed" not in forward, text
     backward = text.split("backward: ", 1)[1]
     assert backward.startswith("sm80 backward kernel") and "varlen" in backward, text
     # No varlen kernel orders its dq sums: deterministic=True takes the reference, saying why.

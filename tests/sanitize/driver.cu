@@ -400,6 +400,7 @@ void run_forward(Arena& arena, FwdParams& fp, const KernelEntry& kernel, bool ha
   poison(fp.lse, 4 * n.lse);
   flashjax::ChoiceQuery query;
   query.num_splits = num_splits;
+  query.varlen = fp.cu_seqlens_q != nullptr;
   const flashjax::FamilyChoices choices = kernel.choices(fp, query);
   fp.tile_class = choices.tile_class;
   fp.pack_group = choices.pack_group;
@@ -723,8 +724,8 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
 }
 
 // ---------------------------------------------------------------------------------------------- varlen configs
-// Packed sequences (docs/design.md §2.7), forward then backward, on the kernels dispatch picks for varlen (the sm80
-// family on every device), with the FFI handlers' fields and bwd_varlen_workspace_layout's workspace (poisoned). The
+// Packed sequences (docs/design.md §2.7), forward then backward, on the kernels dispatch picks for varlen (on Hopper
+// the sm90 forward and the sm80 backward; elsewhere, or with FLASHJAX_DISABLE_FAMILIES=sm90, the sm80 family), with the FFI handlers' fields and bwd_varlen_workspace_layout's workspace (poisoned). The
 // offsets and seqused are device data the kernels clamp: malformed ones (decreasing, negative, past the end, not from
 // zero, 2^31 - 1) must run memcheck-clean with finite results. Well-formed ones also check the zeros §2.5 / §2.7
 // promise: rows no sequence uses get out = 0, lse = -inf and dq = 0, keys no sequence uses dk = dv = 0.
@@ -754,6 +755,13 @@ const VarlenConfig kVarlenConfigs[] = {
      "varlen: 2^31 - 1 offsets, causal, softcap 30, sinks, dlse"},
     {{17, 40, 60, 80}, {0, kMax, -7, 120}, {3, kMax, 0}, 90, 120, 4, 2, 16, 3, true, true, false, 0.f,
      "varlen: not from zero, 2^31 - 1 and negative key offsets, window (16, 3)"},
+    // The sm90 forward's tiles start at each sequence's first row: lengths around its 64-row warpgroups and 128-row
+    // tiles (63, 64, 65, 128, 129), keys packed differently, padding on both sides; then two long sequences around an
+    // empty one, seqused inside both, GQA 8/2.
+    {{0, 63, 127, 192, 320, 449}, {0, 129, 257, 322, 386, 449}, {}, 460, 470, 4, 2, -1, 0, true, true, true, 0.f,
+     "varlen: lengths 63, 64, 65, 128, 129 (sm90 tile boundaries), causal, sinks, dlse"},
+    {{0, 700, 700, 1400}, {0, 800, 800, 1700}, {650, 0, 699}, 1400, 1710, 8, 2, -1, -1, false, true, true, 0.f,
+     "varlen: long, empty, long sequences with seqused inside, GQA 8/2, dlse"},
 };
 constexpr int kNumVarlenConfigs = sizeof(kVarlenConfigs) / sizeof(kVarlenConfigs[0]);
 
@@ -879,7 +887,7 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     const flashjax::Choice tangent = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                              flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.direction = flashjax::Direction::kBwd;
-    key.varlen = true;  // the varlen configs' kernels (the sm80 family's on every device)
+    key.varlen = true;  // the varlen configs' kernels (the rows that take packed sequences: gen_kernels.py's VARLEN)
     const flashjax::Choice varlen_bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                                 flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.direction = flashjax::Direction::kFwd;

@@ -29,6 +29,9 @@ struct ChoiceQuery {
   int32_t num_sms = 0;     // SMs of the device the call is planned for; 0 when unknown (then nothing splits by rule)
   int32_t num_splits = 0;  // 0: choose; n >= 1: the count the lowering fixed (XLA sized the workspace for it)
   bool explain = false;    // fill the reasons
+  // Packed sequences (the plan's AttnShape carries no offsets: Problem::varlen); a family may also see them in the
+  // shape's cu_seqlens_q where its caller has the call's own params.
+  bool varlen = false;
 };
 
 using ChoiceFn = FamilyChoices (*)(const AttnShape& shape, const ChoiceQuery& query);

@@ -10,7 +10,7 @@
 // [0, T], each end to at least its start and each used length into [0, length]: whatever the arrays hold, a sequence
 // is a (possibly empty) row range inside the tensor, so loads and stores predicated by its rows stay in bounds. A
 // non-monotone array makes the binary search land on some sequence (it terminates whatever it reads); blocks past
-// that sequence's rows have no work.
+// that sequence's rows have no work. Host and device: the host tests (tests/cpp) run them on host arrays.
 #pragma once
 
 #include <cstdint>
@@ -23,10 +23,12 @@ struct VarlenRows {
   int used = 0;   // rows it uses (seqused, or length), in [0, length]
 };
 
-__device__ __forceinline__ int clamp_offset(int32_t value, int total) { return min(max(int(value), 0), total); }
+__host__ __device__ __forceinline__ int clamp_offset(int32_t value, int total) {
+  return min(max(int(value), 0), total);
+}
 
 // Sequence b's rows (b in [0, num_seqs)); seqused may be nullptr.
-__device__ __forceinline__ VarlenRows varlen_rows(const int32_t* cu_seqlens, const int32_t* seqused, int b,
+__host__ __device__ __forceinline__ VarlenRows varlen_rows(const int32_t* cu_seqlens, const int32_t* seqused, int b,
                                                   int total) {
   VarlenRows rows;
   rows.start = clamp_offset(cu_seqlens[b], total);
@@ -49,14 +51,15 @@ struct VarlenBlock {
 // Sequence b's first virtual block (b in [0, num_seqs)): in [0, varlen_num_blocks) whatever the array holds. The
 // backward's workspace places sequences by the same starts (flashjax/workspace.h, kBwdVarlenRowBlock).
 template <int kBlock>
-__device__ __forceinline__ int varlen_first_block(const int32_t* cu_seqlens, int b, int total) {
+__host__ __device__ __forceinline__ int varlen_first_block(const int32_t* cu_seqlens, int b, int total) {
   return clamp_offset(cu_seqlens[b], total) / kBlock + b;
 }
 
 // Virtual block v in [0, varlen_num_blocks) -> (sequence, block within it): the last b whose start <= v. Needs
 // num_seqs >= 1 (launchers launch nothing for N = 0).
 template <int kBlock>
-__device__ __forceinline__ VarlenBlock varlen_block(const int32_t* cu_seqlens, int num_seqs, int total, int v) {
+__host__ __device__ __forceinline__ VarlenBlock varlen_block(const int32_t* cu_seqlens, int num_seqs, int total,
+                                                             int v) {
   int lo = 0, hi = num_seqs - 1;  // invariant (for monotone starts): start(lo) <= v, and the answer is in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;

@@ -41,7 +41,29 @@ inline const char* key_load_name(FwdKeyLoad load) {
   }
 }
 
+// Packed sequences run one kernel (fwd_launch.cuh's FwdVarlenKernel): kFew's tiles, one query head per tile, keys
+// not split. The key load of a varlen call is not known on the host (the lengths are device data; the token counts
+// say nothing about them), and kFew's tiles are the ones made for short rows, which most packed sequences have.
+// Packing GQA and splitting keys would need the virtual-block walk per KV head and per part; not done yet.
+inline FamilyChoices varlen_fwd_choices(int head_dim, const AttnShape& shape, const ChoiceQuery& query) {
+  FamilyChoices choices;
+  const FwdTileSizes tiles = fwd_tile_sizes(head_dim, FwdKeyLoad::kFew);
+  choices.tile_class = static_cast<int32_t>(FwdKeyLoad::kFew);
+  choices.block_m = tiles.block_m;
+  choices.block_n = tiles.block_n;
+  if (!query.explain) return choices;
+  choices.tile_reason = std::to_string(tiles.block_m) + " x " + std::to_string(tiles.block_n) +
+                        " tiles (the varlen kernel's: one tile per (sequence block, query head), the sequences' "
+                        "lengths being device data)";
+  if (shape.heads_k > 0 && shape.heads_q > shape.heads_k) {
+    choices.packing_reason = "unpacked: the varlen kernel's tiles hold one query head's rows";
+  }
+  choices.split_reason = "not split: the varlen kernel does not split keys";
+  return choices;
+}
+
 inline FamilyChoices fwd_choices_for(int head_dim, const AttnShape& shape, const ChoiceQuery& query) {
+  if (query.varlen || shape.cu_seqlens_q != nullptr) return varlen_fwd_choices(head_dim, shape, query);
   FamilyChoices choices;
   const int group = shape.heads_k > 0 ? shape.heads_q / shape.heads_k : 1;
   choices.num_splits = query.num_splits >= 1

@@ -32,6 +32,8 @@
 #include "kernels/sm90/fwd_split_epilogue.cuh"
 #include "kernels/sm90/fwd_tile_scheduler.cuh"
 #include "kernels/sm90/fwd_tile_sizes.cuh"
+#include "kernels/sm90/fwd_varlen_epilogue.cuh"
+#include "kernels/sm90/fwd_varlen_scheduler.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
@@ -60,9 +62,12 @@ struct FwdBufferPlan {
 // kBlockM and kBlockN come from fwd_tile_sizes (the launcher picks between its answers); kPackGqa: tiles hold the
 // query heads of a KV head (fwd_query_tiling.cuh; the launcher picks by fwd_pack_gqa.h); kSoftcap: compiled for
 // soft-capped calls (the launcher picks by the call's softcap); kSplitKv: each tile runs one part of a query tile's
-// KV range and writes partial results to the workspace (fwd_split_kv.h, fwd_split_epilogue.cuh).
+// KV range and writes partial results to the workspace (fwd_split_kv.h, fwd_split_epilogue.cuh); kVarlen_: packed
+// sequences, each tile one block of one sequence (fwd_varlen_scheduler.cuh, fwd_varlen_epilogue.cuh; the launcher
+// picks by the call's cu_seqlens). Each flag is a compile-time variant whose branches are `if constexpr`, so that
+// the kernels without it keep their code.
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap, bool kPackGqa,
-          bool kSplitKv = false>
+          bool kSplitKv = false, bool kVarlen_ = false>
 struct FwdKernelSm90 {
   // The first plan whose shared memory fits is taken. A third K stage comes first: K is waited on right after the
   // ping-pong turn is granted, so a late K idles the tensor cores (ncu on D = 128 S = 4k: 6% of all warp samples
@@ -72,7 +77,7 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv>;
+                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv, kVarlen_>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =
@@ -81,8 +86,13 @@ struct FwdKernelSm90 {
   static constexpr bool kOwnOBuffer = kPlans[kPlan].own_o;
   using Mainloop = MainloopOf<kPlan>;
   static constexpr bool kSplit = kSplitKv;
-  using Epilogue = std::conditional_t<kSplitKv, FwdSplitEpilogueSm90<Mainloop>, FwdEpilogueSm90<Mainloop>>;
-  using Scheduler = FwdTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN>;
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!(kVarlen && kSplitKv), "no split-keys kernel for packed sequences yet");
+  using Epilogue = std::conditional_t<kSplitKv, FwdSplitEpilogueSm90<Mainloop>,
+                                      std::conditional_t<kVarlen, FwdVarlenEpilogueSm90<Mainloop>,
+                                                         FwdEpilogueSm90<Mainloop>>>;
+  using Scheduler = std::conditional_t<kVarlen, FwdVarlenTileSchedulerSm90<Mainloop::kBlockM>,
+                                       FwdTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN>>;
   static_assert(kBlockM == Mainloop::kBlockM, "the M tile is whole 64-row consumer warpgroups");
   static_assert(Mainloop::kConsumerWarpgroups == 2 || Mainloop::kConsumerWarpgroups == 3);
 
@@ -165,6 +175,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
+    if constexpr (Kernel::kVarlen) shared.barriers.v_past_keys.init(/*arrive_count=*/1);
   }
   PipelineK pipeline_k(shared.barriers.k, kv_pipeline_params<PipelineK, Kernel>(is_producer, producer_leader_thread(0)),
                        Shape<_1, _1, _1>{});
@@ -181,6 +192,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   recorder.after_wait();
 
   const common::BandMask band(params.seqlen_q, params.seqlen_k, params.window_left, params.window_right);
+  // Varlen: a tile's band is its sequence's, bottom-right aligned on its used lengths (docs/design.md §2.3).
+  auto sequence_band = [&](const auto& tile) {
+    return common::BandMask(tile.seqlen_q, tile.seqlen_k, params.window_left, params.window_right);
+  };
 
   // The CTA's walk over tiles, the same for producer and consumers (Scheduler: first_tile, next_tile). A scheduled
   // tile: its index, coordinates and KV blocks (every warpgroup consumes the same K/V stages).
@@ -198,7 +213,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     for (; tile_index < params.scheduler.num_tiles; tile_index = next_position(tile_index)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
       common::KvBlockRange blocks;
-      if constexpr (Mainloop::kPackGqa) {
+      if constexpr (Kernel::kVarlen) {
+        if (!tile.has_rows()) continue;  // a virtual block past its sequence's used rows: nothing to load or write
+        blocks = sequence_band(tile).template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+      } else if constexpr (Mainloop::kPackGqa) {
         const auto positions = params.tiling.positions(tile.m_block);
         blocks = band.template kv_blocks_of_rows<kBlockN>(positions.first, positions.last);
       } else {
@@ -224,6 +242,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     auto write_k = cutlass::make_producer_start_state<PipelineK>();
     auto write_v = cutlass::make_producer_start_state<PipelineV>();
     int tiles_with_work = 0;
+    uint32_t v_past_keys_phase = 0;  // varlen only (Mainloop::load_v_varlen)
     auto load_nothing = [](const typename Scheduler::Tile&) {};  // the consumers write those tiles out
     for (ScheduledTile scheduled =
              next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), load_nothing);
@@ -234,8 +253,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       // in the batch coordinate.
       int batch = tile.batch;
       if constexpr (Kernel::kSplit) batch = params.epilogue.batch_of(tile.batch);
-      const typename Mainloop::LoadCoords at{tile.m_block, tile.head,
-                                             tile.head * params.tiling.group / params.heads_per_kv, batch};
+      const typename Mainloop::LoadCoords at = [&] {
+        const int head_k = tile.head * params.tiling.group / params.heads_per_kv;
+        if constexpr (Kernel::kVarlen) {
+          return typename Mainloop::LoadCoords{{tile.m_block, tile.head, head_k, batch}, tile.q_start, tile.k_start,
+                                               tile.seqlen_k};
+        } else {
+          return typename Mainloop::LoadCoords{tile.m_block, tile.head, head_k, batch};
+        }
+      }();
       if (producer_warp == 0) {
         Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, write_k, leader,
                            typename Mainloop::QuerySlot(tiles_with_work++), params.tiling, at, scheduled.blocks);
@@ -247,7 +273,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         // lever table). That barrier cannot complete a second phase before this wait sees the first: the next Q
         // into buffer 0 waits for this tile's epilogue, which needs this V.
         if (tiles_with_work++ == 0) shared.barriers.q[0].wait(0);
-        Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
+        if constexpr (Kernel::kVarlen) {
+          Mainloop::load_v_varlen(params.mainloop, shared.tensors, shared.barriers, pipeline_v, write_v, leader, at,
+                                  scheduled.blocks, v_past_keys_phase);
+        } else {
+          Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, write_v, leader, at, scheduled.blocks);
+        }
       }
     }
     return;
@@ -297,8 +328,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     float sink_log2[2], lse[2];
     sink_log2_of(tile, sink_log2);
     FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2, lse);
-    Epilogue::store_empty(params.epilogue, lse, params.tiling, consumer_wg, thread_in_wg, tile.m_block, tile.head,
-                          tile.batch);
+    if constexpr (Kernel::kVarlen) {
+      Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile);
+    } else {
+      Epilogue::store_empty(params.epilogue, lse, params.tiling, consumer_wg, thread_in_wg, tile.m_block, tile.head,
+                            tile.batch);
+    }
   };
   int tiles_with_work = 0;  // counted as the producer counts them: they alone load Q
   // The n-th tile with work, as the mainloop sees it: Q slot, KV blocks and the band mask of this thread's rows.
@@ -318,7 +353,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       return work;
     } else {
       const int m_start = scheduled.tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup;
-      return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.tile_mask(m_start)};
+      if constexpr (Kernel::kVarlen) {
+        const common::TileMask mask = sequence_band(scheduled.tile).tile_mask(m_start);
+        return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, mask};
+      } else {
+        return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.tile_mask(m_start)};
+      }
     }
   };
 
@@ -333,9 +373,14 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     sink_log2_of(tile, sink_log2);
     Tensor acc_o_rc = common::wgmma_acc_rowcol_view(acc_o);
     softmax.finalize(acc_o_rc, sink_log2, lse);
-    Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
-                                                  acc_o, lse, params.tiling, consumer_wg, thread_in_wg, tile.m_block,
-                                                  tile.head, tile.batch);
+    if constexpr (Kernel::kVarlen) {
+      Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
+                                                    acc_o, lse, consumer_wg, thread_in_wg, tile);
+    } else {
+      Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
+                                                    acc_o, lse, params.tiling, consumer_wg, thread_in_wg,
+                                                    tile.m_block, tile.head, tile.batch);
+    }
     // O was staged in the Q buffer: free only now that the TMA store has read it.
     if constexpr (!Kernel::kOwnOBuffer) arrive_query_empty(work.q_slot.buffer);
   };

@@ -21,6 +21,7 @@
 #include "kernels/sm90/fwd_kernel.cuh"
 #include "kernels/sm90/fwd_split_combine.cuh"
 #include "kernels/sm90/fwd_split_kv.h"
+#include "kernels/sm90/fwd_varlen_scheduler.cuh"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/tma_compatible.h"
 
@@ -105,7 +106,15 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
   // A split kernel walks every part of every tile: the parts fold into the batch coordinate (fwd_split_epilogue.cuh).
   AttnShape walk = params;
   if constexpr (Kernel::kSplit) walk.batch = params.batch * params.num_splits;
-  const typename Scheduler::Params scheduler = scheduler_params<Scheduler>(walk, tiling, num_sms);
+  // Varlen's walk is the virtual blocks (fwd_varlen_scheduler.cuh): no host plan to cache, and the offsets' pointers
+  // change from call to call.
+  const typename Scheduler::Params scheduler = [&] {
+    if constexpr (Kernel::kVarlen) {
+      return Scheduler::to_params(walk, tiling, num_sms);
+    } else {
+      return scheduler_params<Scheduler>(walk, tiling, num_sms);
+    }
+  }();
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
@@ -155,19 +164,21 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
 }
 
 // One tile configuration: the kernel compiled for the call's softcap (none, or any c > 0).
-template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kPackGqa, bool kSplitKv = false>
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kPackGqa, bool kSplitKv = false,
+          bool kVarlen = false>
 cudaError_t launch_fwd(const FwdParams& params, int group, cudaStream_t stream) {
-  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa, kSplitKv>;
-  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa, kSplitKv>;
+  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa, kSplitKv, kVarlen>;
+  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa, kSplitKv, kVarlen>;
   return params.softcap > 0.f ? launch_kernel<Capped>(params, group, stream)
                               : launch_kernel<Uncapped>(params, group, stream);
 }
 
 // The uncapped kernel of one FwdKeyLoad class (classes with equal tile sizes share it; the capped twin has the same
 // tiles and shared memory), packing GQA or not, splitting keys or not.
-template <typename Element, int kHeadDim, FwdKeyLoad kLoad, bool kPackGqa = false, bool kSplitKv = false>
+template <typename Element, int kHeadDim, FwdKeyLoad kLoad, bool kPackGqa = false, bool kSplitKv = false,
+          bool kVarlen = false>
 using FwdKernelFor = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, kLoad).block_m,
-                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa, kSplitKv>;
+                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa, kSplitKv, kVarlen>;
 
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
 cudaError_t launch_fwd_for(const FwdParams& params, cudaStream_t stream) {
@@ -210,6 +221,39 @@ cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
   return StreamLaunch(grid, dim3(kCombineWarps * 32), 0, stream)(fwd_split_combine_kernel<Element, kHeadDim>, params);
 }
 
+// Packed sequences (varlen): one tile configuration, kFew's (fwd_choices_for: the virtual blocks are short
+// sequences' as often as long ones', and the class is chosen from the token counts only), unpacked and unsplit.
+template <typename Element, int kHeadDim>
+using FwdVarlenKernel = FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew, false, false, true>;
+
+// The rows no tile writes get out = 0, lse = -inf (fwd_varlen_scheduler.cuh), then the tiles run. The two write
+// disjoint rows, so their order does not matter; the fill goes first because it is short and the main kernel then
+// overlaps its tail (programmatic dependent launch).
+template <typename Element, int kHeadDim>
+cudaError_t launch_varlen(const FwdParams& params, cudaStream_t stream) {
+  using Kernel = FwdVarlenKernel<Element, kHeadDim>;
+  using Scheduler = typename Kernel::Scheduler;
+  if (params.batch != 1 || params.num_seqs < 0 || params.pack_group != 1 || params.num_splits != 1) {
+    return cudaErrorInvalidValue;
+  }
+  if (params.seqlen_q == 0 || params.heads_q == 0) return cudaSuccess;  // no rows
+  // The fill's 16-byte stores need what TMA needs of O (the main kernel checks q, k, v too).
+  if (!tma_compatible<Element>(params.o, params.o_row_stride, params.o_head_stride, params.o_batch_stride)) {
+    return cudaErrorInvalidValue;
+  }
+  const typename Scheduler::Params scheduler =
+      Scheduler::to_params(params, typename Kernel::Mainloop::QueryTiling(1, params.seqlen_q), /*num_sms=*/1);
+  if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
+  constexpr int kFillThreads = 256;
+  const int64_t fill_blocks = std::min<int64_t>((int64_t(params.seqlen_q) + kFillThreads - 1) / kFillThreads, 2048);
+  fwd_varlen_fill_unwritten_kernel<Element, kHeadDim, Scheduler>
+      <<<static_cast<unsigned>(fill_blocks), kFillThreads, 0, stream>>>(scheduler, params);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  if (params.num_seqs == 0) return cudaSuccess;  // every row was padding
+  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN, false, false, true>(
+      params, 1, stream);
+}
+
 }  // namespace detail
 
 template <typename Element, int kHeadDim>
@@ -219,6 +263,8 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
       params.mask_bits != nullptr) {  // mask mods run on the sm80 family (dispatch sends them there)
     return cudaErrorInvalidValue;
   }
+  // Packed sequences: the varlen kernel whatever the tile class (the plan chose it for varlen: fwd_choices_for).
+  if (params.cu_seqlens_q != nullptr) return detail::launch_varlen<Element, kHeadDim>(params, stream);
   // The plan's choices (fwd_choices below): split keys into the workspace the lowering allocated, else packed GQA
   // (only with the whole group: the packed tiling indexes query heads by it), else the tile class.
   if (params.num_splits > 1) return detail::launch_split<Element, kHeadDim>(params, stream);
@@ -255,7 +301,8 @@ int fwd_smem_bytes() {
   constexpr int kManyShort = detail::FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kManyShortRows>::kSmemBytes;
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
   constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim>::kSmemBytes;
-  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit});
+  constexpr int kVarlen = detail::FwdVarlenKernel<Element, kHeadDim>::kSmemBytes;
+  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit, kVarlen});
 }
 
 }  // namespace flashjax::sm90

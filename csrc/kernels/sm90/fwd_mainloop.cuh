@@ -29,7 +29,7 @@
 namespace flashjax::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
-          int kQStages_, bool kSoftcap_, bool kPackGqa_, bool kSkipIdle_ = false>
+          int kQStages_, bool kSoftcap_, bool kPackGqa_, bool kSkipIdle_ = false, bool kVarlen_ = false>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -84,6 +84,14 @@ struct FwdMainloopSm90 {
   // decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and the checks would sit in the per-tile path
   // of every kernel.
   static constexpr bool kSkipIdle = kSkipIdle_;
+  // Packed sequences (fwd_varlen_scheduler.cuh): the descriptors span the packed [T, H, D] tensors as one batch, and
+  // a tile's boxes start at its sequence's first row (LoadCoords::q_start / k_start) plus its block offset, so they
+  // need not be aligned to the block size. Rows a box takes past the sequence belong to the next one (or are TMA's
+  // zero fill past T): harmless for Q (those rows are never stored) and for K/V hidden by the key bound of the
+  // band mask (the sequence's used keys), as rows past Sk are in a dense call. A compile-time flag, so that the dense
+  // kernels' code is what it was.
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!(kVarlen && kPackGqa), "varlen tiles hold one query head's rows");
   using QueryTiling = FwdQueryTiling<kBlockM, kPackGqa>;
   // Packed GQA's 8-row chunks: rows [8j, 8j + 8) of a 64-row half are its j-th swizzle atom (tile_to_shape stacks
   // the atoms along M first), so chunk j lies kQChunkElems * j elements in, with the atom's own layout and swizzle
@@ -112,11 +120,16 @@ struct FwdMainloopSm90 {
   using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
   using StateK = cutlass::PipelineState<kStagesK>;
   using StateV = cutlass::PipelineState<kStagesV>;
-  struct BarrierStorage {
+  struct DenseBarrierStorage {
     typename PipelineK::SharedStorage k;
     typename PipelineV::SharedStorage v;
     cutlass::arch::ClusterTransactionBarrier q[kQStages];
   };
+  // Varlen: V boxes that reach past the sequence's used keys land on a barrier of their own first (load_v_varlen).
+  struct VarlenBarrierStorage : DenseBarrierStorage {
+    cutlass::arch::ClusterTransactionBarrier v_past_keys;
+  };
+  using BarrierStorage = std::conditional_t<kVarlen, VarlenBarrierStorage, DenseBarrierStorage>;
 
   // Global tensors as TMA sees them: (seqlen, D, heads, batch) for Q and K, (D, seqlen, heads, batch) for V^T.
   // One descriptor covers every batch and head; 64-bit strides.
@@ -211,12 +224,37 @@ struct FwdMainloopSm90 {
   // ahead on one barrier (a named barrier cannot tell two phases' arrivals apart). The consumers wait for Q of
   // tile n + 1 before tile n's epilogue (tail_and_prefetch, two Q buffers only); that buffer was freed after tile
   // n - 1, whose epilogue came first, so the wait never depends on tile n's own arrival.
-  struct LoadCoords {
+  struct DenseLoadCoords {
     int m_block;
     int head;  // the scheduler's: the query head, or the KV head of a packed tile
     int head_k;
     int batch;
   };
+  struct VarlenLoadCoords : DenseLoadCoords {
+    int q_start;  // the sequence's first query row and first key in the packed tensors
+    int k_start;
+    int seqlen_k;  // its used keys
+  };
+  // The varlen fields exist only in the varlen kernel (with them in every kernel, unread, ptxas allocated the dense
+  // D 128 kernels' registers differently in ~100 instructions).
+  using LoadCoords = std::conditional_t<kVarlen, VarlenLoadCoords, DenseLoadCoords>;
+
+  // A (rows, D) global tensor (TMA coordinates) whose row 0 is the sequence's first row where kVarlen, else the
+  // tensor itself. kRowsMode: which mode counts rows (1 for V^T's (D, rows)); kKeys: K/V's rows, else Q's.
+  template <int kRowsMode, bool kKeys, typename Tensor>
+  __device__ __forceinline__ static auto from_row(const Tensor& tensor, const LoadCoords& at) {
+    using namespace cute;
+    if constexpr (kVarlen) {
+      const int start = kKeys ? at.k_start : at.q_start;
+      if constexpr (kRowsMode == 0) {
+        return domain_offset(make_coord(start, _0{}), tensor);
+      } else {
+        return domain_offset(make_coord(_0{}, start), tensor);
+      }
+    } else {
+      return tensor;
+    }
+  }
 
   // K/V are re-read by every query tile of the head (and every query head of a GQA group): keep them in L2.
   template <typename Pipeline, typename State, typename Tma, typename Src, typename Dst>
@@ -243,7 +281,7 @@ struct FwdMainloopSm90 {
     Element* q_tile = tensors.q.data() + q_buffer * kQElems;
     auto& barrier = reinterpret_cast<uint64_t&>(barrier_q);
     if constexpr (!kPackGqa) {
-      Tensor m_q = params.tma_q.get_tma_tensor(params.shape_q)(_, _, at.head, at.batch);
+      Tensor m_q = from_row<0, false>(params.tma_q.get_tma_tensor(params.shape_q)(_, _, at.head, at.batch), at);
       Tensor g_q = local_tile(m_q, Shape<WgRows, HeadDim>{}, make_coord(_, _0{}));  // (64, D, half-tiles of Sq)
       auto tma_q = params.tma_q.get_slice(_0{});
       Tensor tQgQ = group_modes<0, 3>(tma_q.partition_S(g_q));  // (TMA, half-tiles)
@@ -277,7 +315,7 @@ struct FwdMainloopSm90 {
     using namespace cute;
     constexpr int kProducerAndConsumerThreads = cutlass::NumThreadsPerWarp + kConsumerWarpgroups * 128;
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
-    Tensor m_k = params.tma_k.get_tma_tensor(params.shape_k)(_, _, at.head_k, at.batch);
+    Tensor m_k = from_row<0, true>(params.tma_k.get_tma_tensor(params.shape_k)(_, _, at.head_k, at.batch), at);
     Tensor g_k = local_tile(m_k, Shape<BlockN, HeadDim>{}, make_coord(_, _0{}));  // (kBlockN, D, n_blocks)
     auto tma_k = params.tma_k.get_slice(_0{});
     Tensor tKgK = group_modes<0, 3>(tma_k.partition_S(g_k));  // (TMA, n_blocks)
@@ -302,13 +340,72 @@ struct FwdMainloopSm90 {
                                 const common::KvBlockRange& blocks) {
     using namespace cute;
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
-    Tensor m_vt = params.tma_vt.get_tma_tensor(select<1, 0, 2, 3>(params.shape_k))(_, _, at.head_k, at.batch);
+    Tensor m_vt = from_row<1, true>(
+        params.tma_vt.get_tma_tensor(select<1, 0, 2, 3>(params.shape_k))(_, _, at.head_k, at.batch), at);
     Tensor g_vt = local_tile(m_vt, Shape<HeadDim, BlockN>{}, make_coord(_0{}, _));  // (D, kBlockN, n_blocks)
     auto tma_vt = params.tma_vt.get_slice(_0{});
     Tensor tVgV = group_modes<0, 3>(tma_vt.partition_S(g_vt));  // (TMA, n_blocks)
     Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
     for (int t = 0; t < blocks.num_blocks(); ++t) {
       load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, blocks.block_at(t), leader);
+    }
+    __syncwarp();
+  }
+
+  // load_v for packed sequences. A V box that reaches past the sequence's used keys holds rows of the next sequence
+  // (or unused rows past seqused_k) that the band mask hides from the scores, but O += P V multiplies them by P = 0,
+  // and 0 * inf or 0 * NaN is NaN: such a box lands on a barrier of its own (barriers.v_past_keys), the warp zeroes
+  // those rows (as the sm80 family's predicated loads read zeros there, and the reference zeroes unused tokens), and
+  // only then completes the stage's transaction on its full barrier, which the consumers wait on. Rows past T are
+  // TMA's zero fill already. The fence orders the generic-proxy zeros before the wgmma reads (async proxy) that the
+  // consumers issue once they see the stage full. v_past_keys_phase: the warp's count of such boxes, mod 2.
+  __device__ static void load_v_varlen(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
+                                       PipelineV& pipeline_v, StateV& write_v, bool leader, const LoadCoords& at,
+                                       const common::KvBlockRange& blocks, uint32_t& v_past_keys_phase) {
+    using namespace cute;
+    static_assert(kVarlen);
+    Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
+    Tensor m_vt = from_row<1, true>(
+        params.tma_vt.get_tma_tensor(select<1, 0, 2, 3>(params.shape_k))(_, _, at.head_k, at.batch), at);
+    Tensor g_vt = local_tile(m_vt, Shape<HeadDim, BlockN>{}, make_coord(_0{}, _));  // (D, kBlockN, n_blocks)
+    auto tma_vt = params.tma_vt.get_slice(_0{});
+    Tensor tVgV = group_modes<0, 3>(tma_vt.partition_S(g_vt));  // (TMA, n_blocks)
+    Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
+    const int rows_in_tensor = get<0>(params.shape_k) - at.k_start;  // rows of the packed tensor from the start on
+    constexpr int kVecElems = 16 / sizeof(Element);  // the swizzle keeps 16-byte runs of D contiguous
+    constexpr int kVecsPerRow = kHeadDim / kVecElems;
+    for (int t = 0; t < blocks.num_blocks(); ++t) {
+      const int n_block = blocks.block_at(t);
+      const int past_begin = at.seqlen_k - n_block * kBlockN;  // first box row past the used keys (> 0)
+      const int past_end = min(kBlockN, rows_in_tensor - n_block * kBlockN);
+      if (past_begin >= past_end) {
+        load_stage(pipeline_v, write_v, params.tma_vt, tVgV, tVsV, n_block, leader);
+        continue;
+      }
+      auto& landed = barriers.v_past_keys;
+      if (leader) {
+        pipeline_v.producer_acquire(write_v);  // arms the full barrier with the stage's bytes
+        landed.arrive_and_expect_tx(kTmaBytesKV);
+        copy(params.tma_vt.with(reinterpret_cast<uint64_t&>(landed), 0, TMA::CacheHintSm90::EVICT_LAST),
+             tVgV(_, n_block), tVsV(_, write_v.index()));
+      }
+      __syncwarp();
+      landed.wait(v_past_keys_phase);
+      v_past_keys_phase ^= 1;
+      Element* stage = tensors.v.data();
+      const int stage_index = write_v.index();
+      for (int i = threadIdx.x % 32 + past_begin * kVecsPerRow; i < past_end * kVecsPerRow; i += 32) {
+        const int offset = SmemLayoutVt{}(make_coord((i % kVecsPerRow) * kVecElems, i / kVecsPerRow, stage_index));
+        *reinterpret_cast<uint4*>(stage + offset) = make_uint4(0, 0, 0, 0);
+      }
+      cutlass::arch::fence_view_async_shared();
+      __syncwarp();
+      if (leader) {
+        __threadfence_block();
+        cutlass::arch::ClusterTransactionBarrier::complete_transaction(pipeline_v.producer_get_barrier(write_v),
+                                                                       cute::block_rank_in_cluster(), kTmaBytesKV);
+      }
+      ++write_v;
     }
     __syncwarp();
   }
