@@ -28,6 +28,10 @@ TANGENT_TARGET = "flashjax_tangent"  # forward mode: the tangent primitive (prim
 TANGENT_VARLEN_TARGET = "flashjax_tangent_varlen"  # its varlen twin (varlen_kernel.py)
 FWD_MASK_MOD_TARGET = "flashjax_fwd_mask_mod"  # a mask mod's bits and the tile-class workspace (issue 38)
 BWD_MASK_MOD_TARGET = "flashjax_bwd_mask_mod"
+KERNEL_TARGETS = (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
+                  BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET, BWD_MASK_MOD_TARGET)
+MASK_BITS_TARGET = "flashjax_mask_bits"  # registered by mask_bits.py with its own state type
+ALL_TARGETS = KERNEL_TARGETS + (MASK_BITS_TARGET,)
 
 # flashjax::DType's values (csrc/include/flashjax/params.h).
 DTYPE = {"float16": 0, "bfloat16": 1}
@@ -130,10 +134,16 @@ def default_device() -> tuple[int, int] | None:
 def register_targets() -> None:
     """Register the FFI handlers with XLA for the CUDA platform (once; idempotent per process)."""
     lib = library()
-    for name in (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
-                 BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET,
-                 BWD_MASK_MOD_TARGET):
+    for name in KERNEL_TARGETS:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="CUDA")
+
+
+def export_checks() -> list:
+    """What jax.export needs to accept flashjax's custom calls: one DisabledSafetyCheck per FFI target (jax.export
+    refuses custom calls whose targets it does not know; ours are stable, see docs/design.md 3.8). Use as
+    `jax.export.export(jax.jit(f), disabled_checks=flashjax.export_checks())`."""
+    from jax import export
+    return [export.DisabledSafetyCheck.custom_call(name) for name in ALL_TARGETS]
 
 
 # ------------------------------------------------------------------------------------------ CUDA environment

@@ -41,7 +41,7 @@ from flashjax.nvrtc import NvrtcError
 __all__ = ["mask_bits_shape", "mask_bits_reference", "mask_bits", "MaskModCodegenError", "TARGET",
            "bits_kernel_name", "compile_mask_bits", "lowering_stats"]
 
-TARGET = "flashjax_mask_bits"  # the FFI target (csrc/ffi/mask_bits_ffi.cpp): stable, for jax.export'ed calls
+TARGET = _ffi.MASK_BITS_TARGET  # the FFI target (csrc/ffi/mask_bits_ffi.cpp): stable, for jax.export'ed calls
 _STATE_TYPE = "flashjax_mask_bits_state"
 _NO_GPU_ARCH = "compute_80"  # PTX the driver compiles for any GPU the library supports
 _INT32_MAX = 2**31 - 1

@@ -428,3 +428,16 @@ def test_the_varlen_backward_lowers_with_its_workspace(monkeypatch):
         # (300 / 64 + 3) * 64 = 448 rows per head, rounded up to 512; no N x max_seqlen anywhere.
         assert "tensor<4x512x64xf32>, tensor<4x512xf32>, tensor<4x512xf32>" in call[0], call[0]
         assert "max_seqlen" not in call[0]
+
+
+def test_export_checks_cover_every_ffi_target_the_library_defines():
+    """flashjax.export_checks() lets jax.export through every custom call flashjax lowers to: one check per handler
+    the C++ sources define (an execute/instantiate pair is one target), none for a target that does not exist."""
+    import re
+    from pathlib import Path
+    sources = (Path(__file__).resolve().parents[2] / "csrc").rglob("*.cpp")
+    symbols = {m for path in sources for m in re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((flashjax_\w+),",
+                                                         path.read_text())}
+    targets = {re.sub(r"_(instantiate|execute)$", "", s) for s in symbols}
+    checked = [c.is_custom_call() for c in flashjax.export_checks()]
+    assert targets == set(_ffi.ALL_TARGETS) and sorted(checked) == sorted(targets)

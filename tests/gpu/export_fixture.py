@@ -16,8 +16,6 @@ from jax import export
 
 SHAPES = ((2, 300, 8, 128), (2, 517, 2, 128), (2, 517, 2, 128), (2, 300, 8, 128))
 PARAMS = dict(softmax_scale=128 ** -0.5, softcap=0.0, window_left=-1, window_right=0, has_sinks=False)
-TARGETS = ("flashjax_fwd", "flashjax_fwd_split", "flashjax_bwd", "flashjax_bwd_deterministic", "flashjax_fwd_varlen",
-           "flashjax_bwd_varlen", "flashjax_bwd_varlen_deterministic", "flashjax_tangent")
 
 
 def export_fixture_inputs(seed=0):
@@ -40,8 +38,8 @@ def fixture_function():
 
 def export_call(fn, platforms=None):
     """jax.export of fn with flashjax's FFI targets allowed (jax.export refuses custom calls it does not know)."""
-    checks = [export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
-    return export.export(jax.jit(fn), platforms=platforms, disabled_checks=checks)
+    from flashjax import export_checks
+    return export.export(jax.jit(fn), platforms=platforms, disabled_checks=export_checks())
 
 
 def main(path):
