@@ -4,6 +4,7 @@ import ctypes
 import os
 import re
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -433,8 +434,6 @@ def test_the_varlen_backward_lowers_with_its_workspace(monkeypatch):
 def test_export_checks_cover_every_ffi_target_the_library_defines():
     """flashjax.export_checks() lets jax.export through every custom call flashjax lowers to: one check per handler
     the C++ sources define (an execute/instantiate pair is one target), none for a target that does not exist."""
-    import re
-    from pathlib import Path
     sources = (Path(__file__).resolve().parents[2] / "csrc").rglob("*.cpp")
     symbols = {m for path in sources for m in re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\((flashjax_\w+),",
                                                          path.read_text())}
