@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 37, sm90 varlen forward (branch sm90-varlen): the GPU checks and timings of this branch's work, on an H200
 # with jax 0.11.2 + CUDA 13, from the repository root, after `tools/device_check.sh build` (the full kernel set,
-# python/flashjax/libflashjax.so and the sanitizer driver). No network needed. Logs go to $OUT (default /tmp/out);
+# python/flashjax/libflashjax.so and the sanitizer driver) of a tree whose tools/gen_kernels.py VARLEN has
+# ("sm90", "fwd") (steps 1-4 test dispatch's pick; step 0 needs no build). No network needed. Logs go to $OUT (default /tmp/out);
 # a short summary is printed last.
+#   0. lab/experiments/sm90_varlen_sweep.cu: the varlen kernel outside JAX on random packings;
 #   1. tests/gpu/test_varlen.py, default mode (the sm90 forward + sm80 backward) and sm80 mode
 #      (FLASHJAX_DISABLE_FAMILIES=sm90), and the default mode again with the sm90 grid capped at 3 CTAs (many tiles
 #      per CTA: the virtual-block walk's hand-over from tile to tile);
@@ -18,6 +20,19 @@ export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 JOBS=${FLASHJAX_TEST_JOBS:-8}
 declare -a SUMMARY
 note() { SUMMARY+=("$1"); echo "== $1"; }
+
+# 0. The kernel alone against the CPU reference (lab/experiments/sm90_varlen_sweep.cu; built here unless $SWEEP
+#    names a binary built elsewhere, e.g. on a CPU machine with nvcc and carried over): 400 random packings.
+SWEEP=${SWEEP:-/tmp/varlen_sweep}
+if [ ! -x "$SWEEP" ]; then
+  CUTLASS=${CUTLASS_INCLUDE:-.devcarry/cutlass_include}  # as tools/device_check.sh build
+  nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -lineinfo -Icsrc -Icsrc/include \
+    -isystem "$CUTLASS" lab/experiments/sm90_varlen_sweep.cu -o "$SWEEP" > "$OUT/sweep_build.log" 2>&1
+fi
+timeout 600 "$SWEEP" 400 0 > "$OUT/sweep.log" 2>&1
+rc=$?
+note "kernel sweep: $(tail -1 "$OUT/sweep.log") (rc $rc)"
+grep -E "BAD|HANG|ERROR" "$OUT/sweep.log" | cut -c1-200 | head -5
 
 $PY -c "import flashjax, jax, jax.numpy as jnp
 q = jax.ShapeDtypeStruct((100, 8, 128), jnp.bfloat16); k = jax.ShapeDtypeStruct((300, 2, 128), jnp.bfloat16)

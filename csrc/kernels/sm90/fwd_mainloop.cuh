@@ -352,6 +352,22 @@ struct FwdMainloopSm90 {
     __syncwarp();
   }
 
+  // Zeroes rows [row_begin, row_end) of V stage `stage` in s_vt (the swizzled V^T view, (D, kBlockN, stage)), in
+  // 16-byte runs of D (the swizzle permutes whole 16-byte units, so each run is contiguous), `lane` of `lanes`
+  // threads. Each run is addressed through the tensor, whose swizzled pointer applies the swizzle to byte addresses
+  // as TMA and wgmma do; SmemLayoutVt{}(coord) would apply it to element offsets, which for 2-byte elements put some
+  // runs on rows of used keys (tests/cpp/test_sm90_varlen_v_rows.cu). Host and device: the host test runs it.
+  template <typename TensorVt>
+  __host__ __device__ static void zero_v_rows(TensorVt& s_vt, int row_begin, int row_end, int stage, int lane,
+                                              int lanes) {
+    constexpr int kVecElems = 16 / sizeof(Element);
+    constexpr int kVecsPerRow = kHeadDim / kVecElems;
+    static_assert(kHeadDim % kVecElems == 0);
+    for (int i = lane + row_begin * kVecsPerRow; i < row_end * kVecsPerRow; i += lanes) {
+      *reinterpret_cast<uint4*>(&s_vt((i % kVecsPerRow) * kVecElems, i / kVecsPerRow, stage)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+
   // load_v for packed sequences. A V box that reaches past the sequence's used keys holds rows of the next sequence
   // (or unused rows past seqused_k) that the band mask hides from the scores, but O += P V multiplies them by P = 0,
   // and 0 * inf or 0 * NaN is NaN: such a box lands on a barrier of its own (barriers.v_past_keys), the warp zeroes
@@ -372,8 +388,6 @@ struct FwdMainloopSm90 {
     Tensor tVgV = group_modes<0, 3>(tma_vt.partition_S(g_vt));  // (TMA, n_blocks)
     Tensor tVsV = group_modes<0, 3>(tma_vt.partition_D(s_vt));  // (TMA, stage)
     const int rows_in_tensor = get<0>(params.shape_k) - at.k_start;  // rows of the packed tensor from the start on
-    constexpr int kVecElems = 16 / sizeof(Element);  // the swizzle keeps 16-byte runs of D contiguous
-    constexpr int kVecsPerRow = kHeadDim / kVecElems;
     for (int t = 0; t < blocks.num_blocks(); ++t) {
       const int n_block = blocks.block_at(t);
       const int past_begin = at.seqlen_k - n_block * kBlockN;  // first box row past the used keys (> 0)
@@ -392,12 +406,7 @@ struct FwdMainloopSm90 {
       __syncwarp();
       landed.wait(v_past_keys_phase);
       v_past_keys_phase ^= 1;
-      Element* stage = tensors.v.data();
-      const int stage_index = write_v.index();
-      for (int i = threadIdx.x % 32 + past_begin * kVecsPerRow; i < past_end * kVecsPerRow; i += 32) {
-        const int offset = SmemLayoutVt{}(make_coord((i % kVecsPerRow) * kVecElems, i / kVecsPerRow, stage_index));
-        *reinterpret_cast<uint4*>(stage + offset) = make_uint4(0, 0, 0, 0);
-      }
+      zero_v_rows(s_vt, past_begin, past_end, write_v.index(), threadIdx.x % 32, 32);
       cutlass::arch::fence_view_async_shared();
       __syncwarp();
       if (leader) {
