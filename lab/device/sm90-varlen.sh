@@ -2,8 +2,8 @@
 # Issue 37, sm90 varlen forward (branch sm90-varlen): the GPU checks and timings of this branch's work, on an H200
 # with jax 0.11.2 + CUDA 13, from the repository root, after `tools/device_check.sh build` (the full kernel set,
 # python/flashjax/libflashjax.so and the sanitizer driver) of a tree whose tools/gen_kernels.py VARLEN has
-# ("sm90", "fwd") (steps 1-4 test dispatch's pick; step 0 needs no build). No network needed. Logs go to $OUT (default /tmp/out);
-# a short summary is printed last.
+# ("sm90", "fwd") (steps 1-4 test dispatch's pick; step 0 needs no build). No network needed. Logs go to $OUT
+# (default /tmp/out); a short summary is printed last.
 #   0. lab/experiments/sm90_varlen_sweep.cu: the varlen kernel outside JAX on random packings;
 #   1. tests/gpu/test_varlen.py, default mode (the sm90 forward + sm80 backward) and sm80 mode
 #      (FLASHJAX_DISABLE_FAMILIES=sm90), and the default mode again with the sm90 grid capped at 3 CTAs (many tiles
