@@ -74,11 +74,7 @@ DETERMINISTIC: set[tuple[str, str]] = {("sm90", "bwd")}
 # branch of its kernels (the tangent's scheduler is its forward's), the sm90 forward through a compile-time variant
 # of its kernel (fwd_varlen_scheduler.cuh).
 # The sm90 backward joins once its kernels walk packed sequences; until then varlen's backward is the sm80 one.
-# ("sm90", "fwd") is left out: its varlen variant failed the H200's varlen tests at 081016d (out off the reference by
-# up to 0.14 relative, NaN from padding), traced to the V-row zeroing's addressing (fixed since, with a host test:
-# tests/cpp/test_sm90_varlen_v_rows.cu); it joins once lab/experiments/sm90_varlen_sweep.cu and
-# tests/gpu/test_varlen.py pass on a GPU with the fix.
-VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent")}
+VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd")}
 
 # The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,

@@ -745,7 +745,7 @@ const VarlenConfig kVarlenConfigs[] = {
      "varlen: empty and tiny sequences, q and k packed differently, padding tokens, causal, sinks, dlse"},
     {{0, 1, 2, 3}, {0, 700, 1000, 2900}, {1, 0, 1}, 3, 3000, 8, 2, -1, -1, false, false, true, 0.f,
      "varlen decode: one query per sequence against long keys, seqused"},
-    {{0, 300, 301, 700}, {0, 260, 900, 901}, {250, 1, 399}, 750, 950, 4, 1, 32, 7, true, true, true, 5.f,
+    {{0, 300, 301, 700}, {0, 260, 500, 940}, {250, 1, 399}, 750, 950, 4, 1, 32, 7, true, true, true, 5.f,
      "varlen: window (32, 7), softcap 5, MQA 4/1, seqused, sinks, dlse"},
     {{0, 40, 20, 90}, {90, 20, 40, 0}, {}, 90, 120, 4, 2, -1, 0, true, false, false, 0.f,
      "varlen: decreasing offsets, causal, sinks"},
@@ -773,11 +773,17 @@ int32_t* upload(Arena& arena, const std::vector<int32_t>& values) {
   return dev;
 }
 
-// Rows [0, total) that no sequence uses, from well-formed offsets.
+// Rows [0, total) that no sequence uses, from well-formed offsets. A config marked well formed whose seqused runs
+// past its sequence is the table's mistake, and says so instead of writing past the vector.
 std::vector<bool> unused_rows(const std::vector<int32_t>& cu, const std::vector<int32_t>& used, int total) {
   std::vector<bool> unused(static_cast<size_t>(total), true);
   for (size_t b = 0; b + 1 < cu.size(); ++b) {
     const int end = used.empty() ? cu[b + 1] : cu[b] + used[b];
+    if (cu[b] < 0 || end > cu[b + 1] || cu[b + 1] > total) {
+      throw Failure{"config marked well formed has sequence " + std::to_string(b) + " rows [" +
+                    std::to_string(cu[b]) + ", " + std::to_string(end) + ") outside [" + std::to_string(cu[b]) +
+                    ", " + std::to_string(cu[b + 1]) + ") or past " + std::to_string(total)};
+    }
     for (int r = cu[b]; r < end; ++r) unused[r] = false;
   }
   return unused;
