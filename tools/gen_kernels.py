@@ -76,6 +76,12 @@ DETERMINISTIC: set[tuple[str, str]] = {("sm90", "bwd")}
 # The sm90 backward joins once its kernels walk packed sequences; until then varlen's backward is the sm80 one.
 VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd")}
 
+# (family, direction) pairs whose kernels take a mask mod's bits (AttnShape::mask_bits: tile classes, empty tiles
+# skipped, the bits applied on partial ones); dispatch gives mask-mod calls only to these rows, the newest family among
+# them winning. The sm80 family takes them through its kMaskMod twins, the sm90 forward through a compile-time variant
+# that walks per-tile block lists (kernels/common/mask_block_lists.cuh). The sm90 backward joins once it reads them.
+MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fwd")}
+
 # The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,
 # direction, dtype, head dim, shared-memory budget in KB or None).)
@@ -129,7 +135,7 @@ def table_rows(entries):
         row = (f"FLASHJAX_KERNEL({f}, run_{d}, Direction::k{d.capitalize()}, {FAMILIES[(f, d)][1]}, "
                f"DType::{DTYPES[t][1]}, ({template_args(t, h, b)}), {h}, {str(f in ARCH_SPECIFIC).lower()}, "
                f"{d}_smem_bytes, {d}_choices, {str((f, d) in DETERMINISTIC).lower()}, "
-               f"{str((f, d) in VARLEN).lower()})")
+               f"{str((f, d) in VARLEN).lower()}, {str((f, d) in MASK_MOD).lower()})")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
 

@@ -217,13 +217,16 @@ ffi::Error fill_mask_bits(AttnShape& p, const ffi::Buffer<ffi::U32>& bits) {
 
 // The pass's tile-class workspace, checked against mask_tile_classes_layout for the planned kernel's tiles.
 ffi::Error take_mask_tile_classes(AttnShape& p, const PassPlan& plan, ffi::Result<ffi::Buffer<ffi::U8>>& classes) {
-  const MaskTileClassesLayout layout = mask_tile_classes_layout(
-      p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, plan.choices.block_m, plan.choices.block_n);
+  const MaskTileClassesLayout layout =
+      mask_tile_classes_layout(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, plan.choices.block_m,
+                               plan.choices.block_n, plan.choices.mask_block_lists);
   if (plan.choices.block_m <= 0 || classes->element_count() < static_cast<size_t>(layout.bytes)) {
     return invalid("mask-mod tile-class workspace has " + std::to_string(classes->element_count()) +
                    " bytes; the planned kernel's tiles need " + std::to_string(layout.bytes));
   }
-  p.mask_tile_classes = classes->typed_data();
+  // Block lists first (int32, at the buffer's start, which XLA aligns), then the classes.
+  p.mask_block_lists = layout.list_bytes > 0 ? reinterpret_cast<int32_t*>(classes->typed_data()) : nullptr;
+  p.mask_tile_classes = classes->typed_data() + layout.list_bytes;
   return ffi::Error::Success();
 }
 

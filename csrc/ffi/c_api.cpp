@@ -59,7 +59,8 @@ std::string build_info_json() {
                ", \"smem_bytes\": " + std::to_string(e.smem_bytes) +
                ", \"arch_specific\": " + (e.arch_specific ? "true" : "false") +
                ", \"deterministic\": " + (e.deterministic ? "true" : "false") +
-               ", \"varlen\": " + (e.varlen ? "true" : "false") + "}";
+               ", \"varlen\": " + (e.varlen ? "true" : "false") +
+               ", \"mask_mod\": " + (e.mask_mod ? "true" : "false") + "}";
   }
   for (const flashjax::SettingInfo& s : flashjax::kSettings) {
     settings += std::string(settings.empty() ? "" : ", ") + "{\"name\": " + quoted(s.name) +

@@ -98,10 +98,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   Choice choice;
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
   // and tangent, the sm90 forward; so on Hopper the forward is sm90's, the backward and tangent sm80's.
-  // Mask mods (issue 38) run on the sm80 forward and backward on every arch, Hopper included: the sm90 kernels do
-  // not take the mask bits yet. Not with varlen (b would be the sequence, the indices sequence-local) nor in the
-  // tangent (jax.jvp of a mask-mod call evaluates the reference's tangent, primitives.py).
-  constexpr std::string_view kMaskModFamily = "sm80";
+  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward and
+  // backward, the sm90 forward; so on Hopper the forward is sm90's, the backward sm80's. Not with varlen (b would be
+  // the sequence, the indices sequence-local) nor in the tangent (jax.jvp of a mask-mod call evaluates the
+  // reference's tangent, primitives.py).
   if (problem.mask_mod && problem.varlen) {
     choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
                     "the sm80 kernels)";
@@ -133,7 +133,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
         entry.head_dim != problem.head_dim || !family_runs ||
-        (problem.varlen && !entry.varlen) || (problem.mask_mod && entry.family != kMaskModFamily)) {
+        (problem.varlen && !entry.varlen) || (problem.mask_mod && !entry.mask_mod)) {
       continue;
     }
     if (ordered && !entry.deterministic) {
@@ -167,9 +167,11 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
-                    (problem.mask_mod ? " (mask mod: the sm80 family on every device, forward and backward, the "
-                                        "mask bits' tiles classified empty / full / partial; the sm90 kernels do "
-                                        "not take mask mods yet)"
+                    (problem.mask_mod
+                         ? std::string(" (mask mod: the newest family whose ") + direction_name(problem.direction) +
+                               " takes the mask bits on this sm_" + std::to_string(device_sm) +
+                               " device, its tiles classified empty / full / partial; the sm90 family's forward "
+                               "does, its backward not yet)"
                      : problem.varlen
                          ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
                                " takes packed sequences on this sm_" + std::to_string(device_sm) +

@@ -35,6 +35,8 @@ struct KernelEntry {
   // Takes packed sequences (cu_seqlens_q set: docs/design.md §2.7); varlen calls go to such rows only
   // (tools/gen_kernels.py's VARLEN).
   bool varlen = false;
+  // Takes a mask mod's bits (AttnShape::mask_bits); mask-mod calls go to such rows only (gen_kernels.py's MASK_MOD).
+  bool mask_mod = false;
 };
 
 // One row of a generated table (csrc/kernels/generated/kernel_table_*.inc) as a KernelEntry, with `launch` its
@@ -42,7 +44,7 @@ struct KernelEntry {
 // targs is the instantiation's template argument list in parentheses, e.g. (cutlass::bfloat16_t, 128, 99).
 #define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
 #define FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices,      \
-                              deterministic, varlen, launch)                                               \
+                              deterministic, varlen, mask_mod, launch)                                     \
   KernelEntry{#family,                                                                                     \
               direction,                                                                                   \
               dtype,                                                                                       \
@@ -52,7 +54,8 @@ struct KernelEntry {
               launch,                                                                                      \
               &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                              \
               deterministic,                                                                               \
-              varlen},
+              varlen,                                                                                      \
+              mask_mod},
 
 // What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
 struct ProblemKey {

@@ -24,17 +24,20 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
 }
 
 // varlen: shape.batch is the sequence count N and seqlen_q the token count Tq (problem_of's convention).
-// mask_mod: the pass's tile classes come last (mask_tile_classes_layout, for the family's tiles of this pass).
+// mask_mod: the pass's tile classes come last (mask_tile_classes_layout, for the family's tiles of this pass, with the
+// block lists ahead of them where the family walks those).
 std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
                                           bool deterministic, bool varlen, bool mask_mod,
                                           const FamilyChoices& choices) {
   if (direction == Direction::kTangent) return {};  // the tangent kernel needs no workspace
-  const MaskTileClassesLayout classes = mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q,
-                                                                 shape.seqlen_k, choices.block_m, choices.block_n);
+  const MaskTileClassesLayout classes =
+      mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m,
+                               choices.block_n, choices.mask_block_lists);
   const WorkspaceBuffer classes_buffer = {"mask_tile_classes",
-                                          {shape.batch, shape.heads_q, classes.m_blocks, classes.n_blocks}, "uint8"};
+                                          {shape.batch, shape.heads_q, classes.m_blocks, classes.row_bytes()},
+                                          "uint8"};
   if (direction == Direction::kFwd) {
-    if (mask_mod) return {classes_buffer};  // the sm80 forward, which never splits
+    if (mask_mod) return {classes_buffer};  // mask-mod forwards never split
     if (num_splits <= 1) return {};
     return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
             {"lse_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q}}};
@@ -148,6 +151,7 @@ PassPlan plan_pass(Direction direction, const Problem& problem, const DeviceProp
     query.num_splits = direction == Direction::kFwd ? problem.num_splits : 1;
     query.explain = explain;
     query.varlen = problem.varlen;
+    query.mask_mod = problem.mask_mod;
     pass.choices = pass.kernel->choices(shape, query);
   }
   pass.workspace = workspace_of(direction, shape, pass.choices.num_splits, problem.deterministic, problem.varlen,

@@ -6,11 +6,14 @@
 namespace flashjax {
 namespace {
 
-// Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward.
+// Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward;
+// mask mods on the sm80 forward and backward and the sm90 forward.
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
   const bool varlen = !(sm90 && d != Direction::kFwd);
-  return {family, d, t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false, varlen};
+  const bool mask_mod = d != Direction::kTangent && !(sm90 && d != Direction::kFwd);
+  return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
+          varlen, mask_mod};
 }
 
 TEST(ArchRunsOn, SassRunsOnLaterMinorsOfTheSameMajor) {
@@ -201,20 +204,30 @@ TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
   EXPECT_NE(refused.reason.find("deterministic=True"), std::string::npos) << refused.reason;
 }
 
-// Mask mods (issue 38) run on the sm80 forward and backward on every device, Hopper included (the sm90 kernels do not
-// take the bits); their tangent, varlen with a mask mod and the deterministic backward (sm80 cannot order its dq
-// sums) are refused with reasons.
-TEST_F(ChooseKernel, MaskModsTakeTheSm80FamilyOnEveryDevice) {
+// Mask mods (issue 38) run on the rows marked mask_mod: the sm80 forward and backward on every device, the sm90
+// forward on Hopper (its backward does not take the bits yet); their tangent, varlen with a mask mod and the
+// deterministic backward (sm80 cannot order its dq sums) are refused with reasons.
+TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
     for (const int sm : {80, 86, 90}) {
       ProblemKey mask = key(direction, DType::kBFloat16, 128);
       mask.mask_mod = true;
-      const Choice c = choose_kernel(sm, archs, mask, table);
+      const Choice c = choose_kernel(sm, archs, mask, table, /*smem_per_block_optin=*/0, /*explain=*/true);
       ASSERT_NE(c.kernel, nullptr) << c.reason;
-      EXPECT_STREQ(c.kernel->family, "sm80");
-      EXPECT_NE(c.reason.find("the sm90 kernels do not take mask mods yet"), std::string::npos) << c.reason;
+      const bool sm90_forward = sm == 90 && direction == Direction::kFwd;
+      EXPECT_STREQ(c.kernel->family, sm90_forward ? "sm90" : "sm80");
+      EXPECT_NE(c.reason.find("the sm90 family's forward does, its backward not yet"), std::string::npos)
+          << c.reason;
     }
   }
+  // A row not marked is never chosen for a mask mod, however new its family.
+  std::vector<KernelEntry> unmarked = table;
+  for (KernelEntry& e : unmarked) e.mask_mod = std::string_view(e.family) == "sm80";
+  ProblemKey forward_mask = key(Direction::kFwd, DType::kBFloat16, 128);
+  forward_mask.mask_mod = true;
+  const Choice sm80_only = choose_kernel(90, archs, forward_mask, unmarked);
+  ASSERT_NE(sm80_only.kernel, nullptr) << sm80_only.reason;
+  EXPECT_STREQ(sm80_only.kernel->family, "sm80");
   ProblemKey tangent = key(Direction::kTangent, DType::kBFloat16, 128);
   tangent.mask_mod = true;
   std::vector<KernelEntry> rows = table;

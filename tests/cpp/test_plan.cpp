@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ffi/plan.h"
+#include "flashjax/workspace.h"
 
 namespace flashjax {
 namespace {
@@ -34,7 +35,7 @@ FamilyChoices fake_bwd_choices(const AttnShape&, const ChoiceQuery&) {
 
 KernelEntry entry(Direction d, DType t, int hdim, int smem = 48 * 1024) {
   return {"sm80", d, t, hdim, false, smem, nullptr, d == Direction::kFwd ? fake_fwd_choices : fake_bwd_choices,
-          /*deterministic=*/false, /*varlen=*/true};
+          /*deterministic=*/false, /*varlen=*/true, /*mask_mod=*/true};
 }
 
 class PlanCall : public ::testing::Test {
@@ -250,6 +251,37 @@ TEST_F(PlanCall, MaskModPassesCarryTheirTileClasses) {
   EXPECT_STREQ(plan.bwd.workspace[3].name, "mask_tile_classes");
   EXPECT_EQ(plan.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 5, 4}));  // ceil(300/64), ceil(500/128)
   EXPECT_EQ(plan.tangent.kernel, nullptr);  // jvp of a mask mod: the reference's tangent
+}
+
+// A family that walks block lists (the sm90 forward) asks for them with its choices; the pass's one uint8 workspace
+// then holds the int32 lists [B, Hq, m-blocks, n-blocks + 2] first and the classes after: rows of 4 (n + 2) + n
+// bytes, whose total is what mask_tile_classes_layout counts.
+FamilyChoices fake_listing_fwd_choices(const AttnShape& shape, const ChoiceQuery& query) {
+  FamilyChoices c = fake_fwd_choices(shape, query);
+  c.num_splits = 1;
+  c.pack_group = 1;
+  c.mask_block_lists = query.mask_mod;
+  return c;
+}
+
+TEST_F(PlanCall, MaskModForwardsThatWalkListsCarryThemAheadOfTheClasses) {
+  for (KernelEntry& e : table) {
+    if (e.direction == Direction::kFwd) e.choices = fake_listing_fwd_choices;
+  }
+  Problem p = problem();
+  p.mask_mod = true;
+  const Plan plan = plan_call(p, device(80, 0), table, archs);
+  ASSERT_TRUE(plan.runs()) << plan.reason;
+  EXPECT_TRUE(g_seen_query.mask_mod);
+  ASSERT_EQ(plan.fwd.workspace.size(), 1u);
+  EXPECT_STREQ(plan.fwd.workspace[0].name, "mask_tile_classes");
+  EXPECT_EQ(plan.fwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 4 * (8 + 2) + 8}));
+  const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 128, 64, true);
+  EXPECT_EQ(layout.list_bytes, 2 * 8 * 3 * (8 + 2) * 4);
+  EXPECT_EQ(layout.bytes, 2 * 8 * 3 * (4 * (8 + 2) + 8));
+  p.mask_mod = false;  // no mask mod: no lists asked, no workspace
+  EXPECT_TRUE(plan_call(p, device(80, 0), table, archs).fwd.workspace.empty());
+  EXPECT_FALSE(g_seen_query.mask_mod);
 }
 
 }  // namespace flashjax

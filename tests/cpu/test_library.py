@@ -88,6 +88,27 @@ def test_the_plan_answers_with_reasons():
             assert family == "sm80" and "sm80" in reason
 
 
+def test_mask_mods_take_the_newest_family_that_reads_the_bits():
+    # Mask mods (issue 38): the rows marked mask_mod (on Hopper the sm90 forward, the sm80 backward; the sm80 family
+    # both ways elsewhere). The sm90 forward's workspace holds its block lists ahead of the classes: rows of
+    # 4 (n_blocks + 2) + n_blocks bytes for its 128 x 128 tiles at D 64.
+    info = _ffi.build_info()
+    sm = 90 if any(a.startswith("90") for a in info["cuda_archs"]) else 80
+    plan = _plan(sm, mask_mod=True, seqlen_q=300, seqlen_k=500)
+    for direction in ("fwd", "bwd"):
+        rows = {k["family"] for k in info["kernels"] if k["direction"] == direction and k["dtype"] == "bf16" and
+                k["head_dim"] == 64 and k.get("mask_mod")}
+        expected = "sm90" if sm == 90 and "sm90" in rows else "sm80" if "sm80" in rows else None
+        assert plan[direction]["family"] == expected, plan[direction]
+        if expected is not None:
+            assert "mask mod" in plan[direction]["reason"], plan[direction]["reason"]
+    assert not any(k.get("mask_mod") for k in info["kernels"] if k["family"] == "sm90" and k["direction"] == "bwd")
+    if plan["fwd"]["family"] == "sm90":
+        fwd = plan["fwd"]
+        assert (fwd["block_m"], fwd["block_n"], fwd["pack_group"], fwd["num_splits"]) == (128, 128, 1, 1), fwd
+        assert [b["shape"] for b in fwd["workspace"]] == [[2, 8, 3, 4 * (4 + 2) + 4]], fwd["workspace"]
+
+
 def test_the_tangent_is_the_sm80_familys_on_every_gpu():
     # Forward mode (issue 39): the sm80 tangent kernel on every device with its code, Hopper included, varlen too.
     info = _ffi.build_info()

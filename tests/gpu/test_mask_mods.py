@@ -171,12 +171,25 @@ def test_bits_layouts_are_the_contracts():
     assert shapes == {"causal": (1, 1), "document": (2, 1), "per_head": (2, 4)}
 
 
-def test_explain_names_the_sm80_family():
+def _sm90_mask_mod_forward():
+    """Whether dispatch gives mask-mod forwards to the sm90 family here: an sm90 device, the build's bf16 D 128 sm90
+    forward marked mask_mod, and the family not switched off (the sm80 mode)."""
+    device = flashjax._ffi.default_device()
+    if device is None or device[0] != 90 or "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(","):
+        return False
+    return any(row["family"] == "sm90" and row["direction"] == "fwd" and row["dtype"] == "bf16" and
+               row["head_dim"] == 128 and row.get("mask_mod") for row in flashjax._ffi.build_info().get("kernels", []))
+
+
+def test_explain_names_the_mask_mod_families():
     q = jax.ShapeDtypeStruct((2, 512, 8, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
     text = flashjax.explain(q, k, k, causal=True, mask_mod=flashjax.causal_mask())
-    assert ": kernel (sm80 forward kernel" in text, text
-    assert "the sm90 kernels do not take mask mods yet" in text, text
+    family = "sm90" if _sm90_mask_mod_forward() else "sm80"
+    forward = text.split("backward: ", 1)[0]
+    assert f": kernel ({family} forward kernel" in forward and "mask mod" in forward, text
+    if family == "sm90":  # its own tiles, each walking a block list; unpacked, unsplit
+        assert "the mask-mod kernel's" in forward and "GQA packed" not in forward, text
     assert "backward: sm80 backward kernel" in text, text
     assert "tangent (jax.jvp): the reference's (no tangent kernel implements mask_mod" in text, text
 

@@ -18,6 +18,9 @@ struct FamilyChoices {
   int32_t block_n = 0;     // keys per mainloop step
   int32_t pack_group = 1;  // query heads sharing one tile (GQA packing); 1: no packing
   int32_t num_splits = 1;  // parts each tile's keys run as on separate CTAs (split keys); 1: no split
+  // A mask mod's kernel walks per-tile block lists (kernels/common/mask_block_lists.cuh), which the pass's mask
+  // workspace then holds ahead of the tile classes (flashjax/workspace.h); false: it reads the classes alone.
+  bool mask_block_lists = false;
   // Why, in words (filled only when the plan is asked to explain itself).
   std::string tile_reason;
   std::string packing_reason;
@@ -32,6 +35,7 @@ struct ChoiceQuery {
   // Packed sequences (the plan's AttnShape carries no offsets: Problem::varlen); a family may also see them in the
   // shape's cu_seqlens_q where its caller has the call's own params.
   bool varlen = false;
+  bool mask_mod = false;  // the call has a mask mod (Problem::mask_mod; the plan's AttnShape carries no bits)
 };
 
 using ChoiceFn = FamilyChoices (*)(const AttnShape& shape, const ChoiceQuery& query);

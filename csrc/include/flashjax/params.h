@@ -67,6 +67,10 @@ struct AttnShape {
   // m-block, n-block) of the family's tiles for this pass, written by kernels/common/mask_bits_tiles.cuh before the
   // attention kernel; b / h collapse to 0 where the bits broadcast, as above.
   uint8_t* mask_tile_classes = nullptr;
+  // The pass's block lists, where its kernel walks them (FamilyChoices::mask_block_lists; the same workspace, ahead of
+  // the classes): per (b, h, m-block) the n-blocks its tile visits, int32 [Bm, Hm, m_blocks, n_blocks + 2], written
+  // by kernels/common/mask_block_lists.cuh from the classes and the band. nullptr for the kernels that read classes.
+  int32_t* mask_block_lists = nullptr;
 };
 
 // Forward: (q, k, v[, sinks]) -> (o, lse).

@@ -87,19 +87,28 @@ constexpr FwdSplitWorkspaceLayout fwd_split_workspace_layout(int32_t batch, int3
 // FamilyChoices). Sized for per-(batch, head) bits whatever the mod reads (the plan does not know which; a few KB
 // to a few hundred KB), of which the classification writes the [Bm, Hm, ...] corner it needs. The tile of the
 // forward is (query rows, keys per step); of the backward (query rows per step, keys per CTA).
+// Where the kernel walks block lists (FamilyChoices::mask_block_lists: AttnShape::mask_block_lists), the same
+// workspace holds them first, int32 [B, Hq, m_blocks, n_blocks + 2] at byte 0 (XLA aligns the buffer), then the
+// classes: one uint8 buffer of shape [B, Hq, m_blocks, 4 (n_blocks + 2) + n_blocks], whose byte count is the two
+// parts' sum.
 struct MaskTileClassesLayout {
   int32_t m_blocks = 0;
   int32_t n_blocks = 0;
-  int64_t bytes = 0;  // B * Hq * m_blocks * n_blocks
+  int64_t list_bytes = 0;  // B * Hq * m_blocks * (n_blocks + 2) * 4 where the kernel walks block lists, else 0
+  int64_t bytes = 0;       // list_bytes + B * Hq * m_blocks * n_blocks
+  int64_t row_bytes() const { return int64_t(n_blocks) + (list_bytes > 0 ? 4 * (int64_t(n_blocks) + 2) : 0); }
 };
 
 constexpr MaskTileClassesLayout mask_tile_classes_layout(int32_t batch, int32_t heads_q, int32_t seqlen_q,
-                                                         int32_t seqlen_k, int32_t block_m, int32_t block_n) {
+                                                         int32_t seqlen_k, int32_t block_m, int32_t block_n,
+                                                         bool block_lists = false) {
   MaskTileClassesLayout layout;
   if (block_m <= 0 || block_n <= 0) return layout;
   layout.m_blocks = (seqlen_q + block_m - 1) / block_m;
   layout.n_blocks = (seqlen_k + block_n - 1) / block_n;
-  layout.bytes = int64_t(batch) * heads_q * layout.m_blocks * layout.n_blocks;
+  const int64_t rows = int64_t(batch) * heads_q * layout.m_blocks;
+  layout.list_bytes = block_lists ? rows * (int64_t(layout.n_blocks) + 2) * 4 : 0;
+  layout.bytes = layout.list_bytes + rows * layout.n_blocks;
   return layout;
 }
 

@@ -62,7 +62,35 @@ inline FamilyChoices varlen_fwd_choices(int head_dim, const AttnShape& shape, co
   return choices;
 }
 
+// A mask mod's tiles (issue 38): one configuration per head dim, whose n-blocks are whole 32-key words of the bits
+// (kernels/common/mask_bits.cuh reads a block's words from its first): 128 x 128 up to D 128 (kFew's), 128 x 64
+// above (kManyShortRows'; the key-load classes' 112, 80 and 48 keys per step would straddle words). Keys are not
+// split and GQA not packed: a packed tile would hold rows of several heads, whose bits differ for per-head mods.
+constexpr FwdKeyLoad mask_mod_key_load(int head_dim) {
+  return head_dim <= 128 ? FwdKeyLoad::kFew : FwdKeyLoad::kManyShortRows;
+}
+
+inline FamilyChoices mask_mod_fwd_choices(int head_dim, const AttnShape& shape, const ChoiceQuery& query) {
+  FamilyChoices choices;
+  const FwdKeyLoad load = mask_mod_key_load(head_dim);
+  const FwdTileSizes tiles = fwd_tile_sizes(head_dim, load);
+  choices.tile_class = static_cast<int32_t>(load);
+  choices.block_m = tiles.block_m;
+  choices.block_n = tiles.block_n;
+  choices.mask_block_lists = true;
+  if (!query.explain) return choices;
+  choices.tile_reason = std::to_string(tiles.block_m) + " x " + std::to_string(tiles.block_n) +
+                        " tiles (the mask-mod kernel's: each tile walks its list of KV blocks, the mod's empty tiles "
+                        "left out, its full ones run without a mask)";
+  if (shape.heads_k > 0 && shape.heads_q > shape.heads_k) {
+    choices.packing_reason = "unpacked: the mask-mod kernel's tiles hold one query head's rows";
+  }
+  choices.split_reason = "not split: the mask-mod kernel does not split keys";
+  return choices;
+}
+
 inline FamilyChoices fwd_choices_for(int head_dim, const AttnShape& shape, const ChoiceQuery& query) {
+  if (query.mask_mod || shape.mask_bits != nullptr) return mask_mod_fwd_choices(head_dim, shape, query);
   if (query.varlen || shape.cu_seqlens_q != nullptr) return varlen_fwd_choices(head_dim, shape, query);
   FamilyChoices choices;
   const int group = shape.heads_k > 0 ? shape.heads_q / shape.heads_k : 1;

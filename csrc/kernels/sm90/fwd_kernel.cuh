@@ -64,10 +64,11 @@ struct FwdBufferPlan {
 // soft-capped calls (the launcher picks by the call's softcap); kSplitKv: each tile runs one part of a query tile's
 // KV range and writes partial results to the workspace (fwd_split_kv.h, fwd_split_epilogue.cuh); kVarlen_: packed
 // sequences, each tile one block of one sequence (fwd_varlen_scheduler.cuh, fwd_varlen_epilogue.cuh; the launcher
-// picks by the call's cu_seqlens). Each flag is a compile-time variant whose branches are `if constexpr`, so that
-// the kernels without it keep their code.
+// picks by the call's cu_seqlens); kMaskMod_: a mask mod's bits, each tile walking its block list
+// (kernels/common/mask_block_lists.cuh; the launcher picks by the call's mask_bits). Each flag is a compile-time
+// variant whose branches are `if constexpr`, so that the kernels without it keep their code.
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kSoftcap, bool kPackGqa,
-          bool kSplitKv = false, bool kVarlen_ = false>
+          bool kSplitKv = false, bool kVarlen_ = false, bool kMaskMod_ = false>
 struct FwdKernelSm90 {
   // The first plan whose shared memory fits is taken. A third K stage comes first: K is waited on right after the
   // ping-pong turn is granted, so a late K idles the tensor cores (ncu on D = 128 S = 4k: 6% of all warp samples
@@ -77,7 +78,8 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv, kVarlen_>;
+                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv, kVarlen_,
+                                     kMaskMod_>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =
@@ -88,6 +90,8 @@ struct FwdKernelSm90 {
   static constexpr bool kSplit = kSplitKv;
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!(kVarlen && kSplitKv), "no split-keys kernel for packed sequences yet");
+  static constexpr bool kMaskMod = kMaskMod_;
+  static_assert(!(kMaskMod && (kSplitKv || kVarlen || kPackGqa)), "the mask-mod kernel is dense, unpacked, unsplit");
   using Epilogue = std::conditional_t<kSplitKv, FwdSplitEpilogueSm90<Mainloop>,
                                       std::conditional_t<kVarlen, FwdVarlenEpilogueSm90<Mainloop>,
                                                          FwdEpilogueSm90<Mainloop>>>;
@@ -131,6 +135,8 @@ struct FwdKernelSm90 {
     int heads_per_kv;    // Hq / Hk: query head h reads K/V head h / heads_per_kv
     const float* sinks;  // [Hq] or nullptr
     typename Mainloop::QueryTiling tiling;  // the rows of a tile: packed GQA or not
+    // kMaskMod: the call's mask bits and block lists (kernels/common/mask_block_lists.cuh); nothing otherwise.
+    std::conditional_t<kMaskMod, common::MaskModTiles, typename Mainloop::NoMaskBits> mask{};
   };
 };
 
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   struct ScheduledTile {
     int index;  // num_tiles: the CTA has no more
     typename Scheduler::Tile tile;
-    common::KvBlockRange blocks;
+    typename Mainloop::BlockRange blocks;
   };
   auto next_position = [&](int tile_index) {
     return Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x);
@@ -212,8 +218,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto next_tile_with_work = [&](int tile_index, auto&& skipped) {
     for (; tile_index < params.scheduler.num_tiles; tile_index = next_position(tile_index)) {
       const auto tile = Scheduler::tile(params.scheduler, tile_index);
-      common::KvBlockRange blocks;
-      if constexpr (Kernel::kVarlen) {
+      typename Mainloop::BlockRange blocks;
+      if constexpr (Kernel::kMaskMod) {  // the band's blocks less the mod's empty tiles, listed before the kernel
+        blocks = params.mask.blocks(tile.batch, tile.head, tile.m_block);
+      } else if constexpr (Kernel::kVarlen) {
         if (!tile.has_rows()) continue;  // a virtual block past its sequence's used rows: nothing to load or write
         blocks = sequence_band(tile).template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
       } else if constexpr (Mainloop::kPackGqa) {
@@ -356,6 +364,10 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       if constexpr (Kernel::kVarlen) {
         const common::TileMask mask = sequence_band(scheduled.tile).tile_mask(m_start);
         return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, mask};
+      } else if constexpr (Kernel::kMaskMod) {
+        typename Mainloop::ConsumerTile work{q_slot, scheduled.blocks, band.tile_mask(m_start)};
+        work.bits = {params.mask.bits_rows(scheduled.tile.batch, scheduled.tile.head), m_start};
+        return work;
       } else {
         return typename Mainloop::ConsumerTile{q_slot, scheduled.blocks, band.tile_mask(m_start)};
       }

@@ -17,6 +17,7 @@
 #include "flashjax/choices.h"
 #include "flashjax/params.h"
 #include "flashjax/settings.h"
+#include "kernels/common/mask_block_lists.cuh"
 #include "kernels/sm90/fwd_choices.cuh"
 #include "kernels/sm90/fwd_kernel.cuh"
 #include "kernels/sm90/fwd_split_combine.cuh"
@@ -137,7 +138,7 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
       {params.q_row_stride, cute::_1{}, params.q_head_stride, params.q_batch_stride},
       {params.k_row_stride, cute::_1{}, params.k_head_stride, params.k_batch_stride},
       {params.v_row_stride, cute::_1{}, params.v_head_stride, params.v_batch_stride}};
-  const typename Kernel::Params kernel_params{Mainloop::to_params(mainloop_args),
+  typename Kernel::Params kernel_params{Mainloop::to_params(mainloop_args),
                                               Epilogue::to_params(params),
                                               scheduler,
                                               params.seqlen_q,
@@ -149,6 +150,9 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
                                               params.heads_q / params.heads_k,
                                               params.sinks,
                                               tiling};
+  if constexpr (Kernel::kMaskMod) {  // the bits and the block lists, read per tile
+    kernel_params.mask = common::MaskModTiles::of<Mainloop::kBlockM, Mainloop::kBlockN>(params);
+  }
 
   // The scheduler's tail plan rides in the parameters: stay within the classic 4 KB of kernel parameter space.
   static_assert(sizeof(typename Kernel::Params) <= 4096, "kernel parameters over 4 KB");
@@ -165,10 +169,10 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
 
 // One tile configuration: the kernel compiled for the call's softcap (none, or any c > 0).
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN, bool kPackGqa, bool kSplitKv = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kMaskMod = false>
 cudaError_t launch_fwd(const FwdParams& params, int group, cudaStream_t stream) {
-  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa, kSplitKv, kVarlen>;
-  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa, kSplitKv, kVarlen>;
+  using Capped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, true, kPackGqa, kSplitKv, kVarlen, kMaskMod>;
+  using Uncapped = FwdKernelSm90<Element, kHeadDim, kBlockM, kBlockN, false, kPackGqa, kSplitKv, kVarlen, kMaskMod>;
   return params.softcap > 0.f ? launch_kernel<Capped>(params, group, stream)
                               : launch_kernel<Uncapped>(params, group, stream);
 }
@@ -176,9 +180,10 @@ cudaError_t launch_fwd(const FwdParams& params, int group, cudaStream_t stream) 
 // The uncapped kernel of one FwdKeyLoad class (classes with equal tile sizes share it; the capped twin has the same
 // tiles and shared memory), packing GQA or not, splitting keys or not.
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad, bool kPackGqa = false, bool kSplitKv = false,
-          bool kVarlen = false>
+          bool kVarlen = false, bool kMaskMod = false>
 using FwdKernelFor = FwdKernelSm90<Element, kHeadDim, fwd_tile_sizes(kHeadDim, kLoad).block_m,
-                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa, kSplitKv, kVarlen>;
+                                   fwd_tile_sizes(kHeadDim, kLoad).block_n, false, kPackGqa, kSplitKv, kVarlen,
+                                   kMaskMod>;
 
 template <typename Element, int kHeadDim, FwdKeyLoad kLoad>
 cudaError_t launch_fwd_for(const FwdParams& params, cudaStream_t stream) {
@@ -254,15 +259,36 @@ cudaError_t launch_varlen(const FwdParams& params, cudaStream_t stream) {
       params, 1, stream);
 }
 
+// A mask mod: one tile configuration per head dim (mask_mod_key_load: n-blocks of whole 32-key words), unpacked and
+// unsplit, each tile walking its block list.
+template <typename Element, int kHeadDim>
+using FwdMaskModKernel = FwdKernelFor<Element, kHeadDim, mask_mod_key_load(kHeadDim), false, false, false, true>;
+
+// The tile classes and block lists for this kernel's tiles (kernels/common/mask_block_lists.cuh), then the tiles;
+// all on `stream`.
+template <typename Element, int kHeadDim>
+cudaError_t launch_mask_mod(const FwdParams& params, cudaStream_t stream) {
+  using Kernel = FwdMaskModKernel<Element, kHeadDim>;
+  constexpr int kBlockM = Kernel::Mainloop::kBlockM, kBlockN = Kernel::Mainloop::kBlockN;
+  if (params.cu_seqlens_q != nullptr || params.mask_tile_classes == nullptr || params.mask_block_lists == nullptr ||
+      params.pack_group != 1 || params.num_splits != 1) {
+    return cudaErrorInvalidValue;  // dense calls only, with the workspace the plan sized for these tiles
+  }
+  const cudaError_t err = common::launch_mask_block_lists<kBlockM, kBlockN>(params, stream);
+  if (err != cudaSuccess) return err;
+  return launch_fwd<Element, kHeadDim, kBlockM, kBlockN, false, false, false, true>(params, 1, stream);
+}
+
 }  // namespace detail
 
 template <typename Element, int kHeadDim>
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0 ||
-      params.mask_bits != nullptr) {  // mask mods run on the sm80 family (dispatch sends them there)
+      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0) {
     return cudaErrorInvalidValue;
   }
+  // A mask mod: its kernel whatever the tile class (the plan chose its tiles: fwd_choices_for).
+  if (params.mask_bits != nullptr) return detail::launch_mask_mod<Element, kHeadDim>(params, stream);
   // Packed sequences: the varlen kernel whatever the tile class (the plan chose it for varlen: fwd_choices_for).
   if (params.cu_seqlens_q != nullptr) return detail::launch_varlen<Element, kHeadDim>(params, stream);
   // The plan's choices (fwd_choices below): split keys into the workspace the lowering allocated, else packed GQA
@@ -302,7 +328,8 @@ int fwd_smem_bytes() {
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
   constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim>::kSmemBytes;
   constexpr int kVarlen = detail::FwdVarlenKernel<Element, kHeadDim>::kSmemBytes;
-  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit, kVarlen});
+  constexpr int kMaskMod = detail::FwdMaskModKernel<Element, kHeadDim>::kSmemBytes;
+  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit, kVarlen, kMaskMod});
 }
 
 }  // namespace flashjax::sm90

@@ -20,6 +20,8 @@
 #include <type_traits>
 
 #include "kernels/common/band_mask.cuh"
+#include "kernels/common/mask_bits.cuh"
+#include "kernels/common/mask_block_lists.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm90/fwd_named_barriers.cuh"
 #include "kernels/sm90/fwd_query_tiling.cuh"
@@ -29,7 +31,8 @@
 namespace flashjax::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
-          int kQStages_, bool kSoftcap_, bool kPackGqa_, bool kSkipIdle_ = false, bool kVarlen_ = false>
+          int kQStages_, bool kSoftcap_, bool kPackGqa_, bool kSkipIdle_ = false, bool kVarlen_ = false,
+          bool kMaskMod_ = false>
 struct FwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -92,6 +95,14 @@ struct FwdMainloopSm90 {
   // kernels' code is what it was.
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!(kVarlen && kPackGqa), "varlen tiles hold one query head's rows");
+  // A mask mod (issue 38): each tile walks its list of KV blocks (kernels/common/mask_block_lists.cuh: the band's
+  // blocks less the empty tiles, the masked and partial ones first), and the masked steps apply the mod's bits on top
+  // of the band. The list answers what KvBlockRange answers, so the loads and the loops below are the same code; the
+  // bits add to the masked steps only. Compile-time, so that the other kernels keep their code.
+  static constexpr bool kMaskMod = kMaskMod_;
+  static_assert(!(kMaskMod && (kVarlen || kPackGqa || kSkipIdle)), "mask-mod tiles: one dense query head's rows");
+  static_assert(!kMaskMod || kBlockN % 32 == 0, "mask-bit words must not straddle a mask-mod tile's n-blocks");
+  using BlockRange = std::conditional_t<kMaskMod, common::ListedKvBlocks, common::KvBlockRange>;
   using QueryTiling = FwdQueryTiling<kBlockM, kPackGqa>;
   // Packed GQA's 8-row chunks: rows [8j, 8j + 8) of a 64-row half are its j-th swizzle atom (tile_to_shape stacks
   // the atoms along M first), so chunk j lies kQChunkElems * j elements in, with the atom's own layout and swizzle
@@ -310,8 +321,7 @@ struct FwdMainloopSm90 {
 
   __device__ static void load_q_k(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
                                   PipelineK& pipeline_k, StateK& write_k, bool leader, const QuerySlot& q_slot,
-                                  const QueryTiling& tiling, const LoadCoords& at,
-                                  const common::KvBlockRange& blocks) {
+                                  const QueryTiling& tiling, const LoadCoords& at, const BlockRange& blocks) {
     using namespace cute;
     constexpr int kProducerAndConsumerThreads = cutlass::NumThreadsPerWarp + kConsumerWarpgroups * 128;
     Tensor s_k = make_tensor(make_smem_ptr(tensors.k.data()), SmemLayoutK{});
@@ -336,8 +346,7 @@ struct FwdMainloopSm90 {
   }
 
   __device__ static void load_v(const Params& params, TensorStorage& tensors, PipelineV& pipeline_v,
-                                StateV& write_v, bool leader, const LoadCoords& at,
-                                const common::KvBlockRange& blocks) {
+                                StateV& write_v, bool leader, const LoadCoords& at, const BlockRange& blocks) {
     using namespace cute;
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
     Tensor m_vt = from_row<1, true>(
@@ -377,7 +386,7 @@ struct FwdMainloopSm90 {
   // consumers issue once they see the stage full. v_past_keys_phase: the warp's count of such boxes, mod 2.
   __device__ static void load_v_varlen(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
                                        PipelineV& pipeline_v, StateV& write_v, bool leader, const LoadCoords& at,
-                                       const common::KvBlockRange& blocks, uint32_t& v_past_keys_phase) {
+                                       const BlockRange& blocks, uint32_t& v_past_keys_phase) {
     using namespace cute;
     static_assert(kVarlen);
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
@@ -443,13 +452,21 @@ struct FwdMainloopSm90 {
     FragP p;  // P_t as the A operand of O += P V
   };
 
+  // A mask mod's bits for the warpgroup's rows: its (batch, query head)'s rows and the first row's position.
+  struct WarpgroupMaskBits {
+    common::MaskBitsRows rows;
+    int m_start;
+  };
+  struct NoMaskBits {};
+
   // What the consumers need of one tile with work.
   struct ConsumerTile {
     QuerySlot q_slot;
-    common::KvBlockRange blocks;
+    BlockRange blocks;
     // The band mask of the warpgroup's rows (consecutive positions), or where GQA is packed of this thread's two.
     std::conditional_t<kPackGqa, common::RowsMask<2>, common::TileMask> mask;
     bool idle = false;  // kSkipIdle only: every row of the warpgroup lies past Sq
+    std::conditional_t<kMaskMod, WarpgroupMaskBits, NoMaskBits> bits{};  // kMaskMod only
   };
 
   // The warpgroup-local rows (0..63) of this thread's score and O fragments, in the fragments' row order: the band
@@ -526,6 +543,9 @@ struct FwdMainloopSm90 {
         common::wgmma_acc_rowcol_view(ops.thr_mma_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
     transform_and_mask_scores<kMasked, kSoftcap>(s_rc, coords_rc, transform, tile.mask,
                                                  tile.blocks.block_at(t) * kBlockN);
+    if constexpr (kMaskMod && kMasked) {
+      tile.bits.rows.template apply<kBlockN>(s_rc, coords_rc, tile.bits.m_start, tile.blocks.block_at(t) * kBlockN);
+    }
     return s_rc;
   }
 
