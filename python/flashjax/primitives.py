@@ -141,7 +141,7 @@ def _fwd_lowering(ctx, *args, **params):
     the guess."""
     fwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["fwd"]
     if params.get("has_mask_bits"):
-        # flashjax_fwd_mask_mod: q, k, v, the bits, then sinks; the tile-class workspace (the sm80 forward never splits).
+        # flashjax_fwd_mask_mod: q, k, v, the bits, then sinks; the tile-class workspace (mask-mod forwards never split).
         order = (0, 1, 2, 4, 3)
         ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in order])
         return _ffi_call(_ffi.FWD_MASK_MOD_TARGET, ctx, [args[i] for i in order], {4: "has_sinks"}, params,

@@ -316,11 +316,17 @@ void attach_mask(Arena& arena, const HostMask& m, const KernelEntry& kernel, fla
   shape.mask_words = m.words;
   shape.mask_head_stride = m.heads > 1 ? int64_t(m.seqlen_q) * m.words : 0;
   shape.mask_batch_stride = m.batches > 1 ? int64_t(m.heads) * m.seqlen_q * m.words : 0;
-  const flashjax::FamilyChoices choices = kernel.choices(shape, flashjax::ChoiceQuery{});
-  const flashjax::MaskTileClassesLayout layout = flashjax::mask_tile_classes_layout(
-      shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m, choices.block_n);
-  shape.mask_tile_classes = arena.alloc<uint8_t>(layout.bytes);
-  poison(shape.mask_tile_classes, layout.bytes);
+  flashjax::ChoiceQuery query;
+  query.mask_mod = true;
+  const flashjax::FamilyChoices choices = kernel.choices(shape, query);
+  const flashjax::MaskTileClassesLayout layout =
+      flashjax::mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m,
+                                         choices.block_n, choices.mask_block_lists);
+  uint8_t* workspace = arena.alloc<uint8_t>(layout.bytes);
+  poison(workspace, layout.bytes);
+  // As the FFI handler splits it (take_mask_tile_classes): the block lists first where the kernel walks them.
+  shape.mask_block_lists = layout.list_bytes > 0 ? reinterpret_cast<int32_t*>(workspace) : nullptr;
+  shape.mask_tile_classes = workspace + layout.list_bytes;
 }
 
 void expect_finite(const std::vector<float>& x, const char* name) {
