@@ -10,7 +10,7 @@
 // whatever cu_seqlens / seqused hold. What the kernel derives from it stays in bounds:
 //   - TMA boxes start at the sequence's first row plus a block offset inside its used rows, so inside the tensor; a
 //     box's rows past the tensor are TMA's zero fill, rows past the used ones (a neighbour's, or padding) are zeroed
-//     in shared memory by the MMA warpgroups before any GEMM reads them (bwd_varlen_rows.cuh);
+//     in shared memory by the MMA warpgroups before any GEMM reads them (BwdMainloopSm90::zero_rows);
 //   - dK / dV stores are predicated by the used keys, the postprocess's dQ stores by the used rows;
 //   - workspace rows: sequence b's from ws_start = varlen_first_block<kBwdVarlenRowBlock>(b) * kBwdVarlenRowBlock on
 //     (flashjax/workspace.h, as the sm80 backward and the shared preprocess place them), its ceil(used / 64) blocks of
