@@ -4,6 +4,10 @@
 # set, python/flashjax/libflashjax.so and the sanitizer driver) of this tree, whose tools/gen_kernels.py VARLEN has
 # ("sm90", "bwd"): on Hopper dispatch then gives varlen backward calls to the sm90 backward's varlen variant. No network
 # needed. Logs go to $OUT (default /tmp/out); a short summary is printed last.
+#   0. (optional, ~3 min) lab/experiments/sm90_bwd_varlen_sweep.cu: the varlen backward alone against a CPU
+#      reference, NaN in every unused token and every output / workspace buffer, a 10 s watchdog (HANG), $SWEEP_N
+#      random packings (default 20) at each of bf16 D 64 / 96 / 128 / 192 / 256 and fp16 D 128 (one binary per
+#      width, built in parallel); the quickest way to a failing config if step 1 fails;
 #   1. explain() of a varlen call (its backward must name the sm90 backward kernel) and the host tests of the walk
 #      and the row zeroing where the build has them; tests/gpu/test_varlen.py (random packings, the fixed cases incl.
 #      bwd_key_blocks_d64/128/192/256, NaN in unused q/k/v/dO tokens at D 64/128/192/256, malformed offsets under
@@ -14,7 +18,7 @@
 #   4. python bench/varlen.py --rows '^pack64|^pad64' --dirs bwd (the sm80 backward's rows in performance.md 2.8 for
 #      comparison: pack64 bwd 128 TFLOP/s, cost 1.17; pad64 bwd 71.2 TFLOP/s, H100);
 #   5. (optional) the dense backward, briefly (the dense kernels' SASS is unchanged, their launcher's host code not).
-# STEPS picks steps (default "1 3 4", about 4 minutes; "1 2 3 3r 4 5" runs everything).
+# STEPS picks steps (default "1 3 4", about 4 minutes; "0 1 2 3 3r 4 5" runs everything).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -36,6 +40,28 @@ run_tests() {  # $1 tag, $2 disabled families, then pytest arguments
   grep -E "^FAILED" "$OUT/$tag.log" | cut -c1-300 | head -10
   note "$tag: $(tail -1 "$OUT/$tag.log") (rc $rc)"
 }
+
+if step 0; then
+  CUTLASS=${CUTLASS_INCLUDE:-.devcarry/cutlass_include}  # as tools/device_check.sh build
+  widths="64 96 128 192 256 128fp16"
+  for w in $widths; do
+    d=${w%fp16}
+    flags=$([ "$w" != "$d" ] && echo -DSWEEP_FP16 || true)
+    nvcc -std=c++17 -O3 -DNDEBUG -arch=sm_90a --expt-relaxed-constexpr -lineinfo -Icsrc -Icsrc/include \
+      -isystem "$CUTLASS" -DSWEEP_D=$d $flags lab/experiments/sm90_bwd_varlen_sweep.cu -o /tmp/bwd_sweep_$w \
+      > "$OUT/bwd_sweep_build_$w.log" 2>&1 &
+  done
+  wait
+  for w in $widths; do
+    if [ ! -x /tmp/bwd_sweep_$w ]; then
+      note "bwd sweep $w: build failed"; grep -E "error" "$OUT/bwd_sweep_build_$w.log" | head -5; continue
+    fi
+    timeout 300 /tmp/bwd_sweep_$w "${SWEEP_N:-20}" 0 > "$OUT/bwd_sweep_$w.log" 2>&1
+    rc=$?
+    note "bwd sweep $w: $(tail -1 "$OUT/bwd_sweep_$w.log" | cut -c1-200) (rc $rc)"
+    grep -E "BAD|HANG|ERROR" "$OUT/bwd_sweep_$w.log" | cut -c1-300 | head -3
+  done
+fi
 
 if step 1; then
   $PY -c "import flashjax, jax, jax.numpy as jnp
