@@ -227,11 +227,12 @@ def test_fixed_varlen_cases_match_reference(name):
 
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_nan_in_unused_tokens_never_reaches_a_sequence(d):
-    """Tokens no sequence uses (past seqused, padding past cu_seqlens[N]) hold NaN, in q, k, v and the output's
-    cotangent: the reference zeroes them before use, and the kernels must not let them in either, although the sm90
-    kernels' boxes load them (the forward's V rows past a sequence's used keys are multiplied by P = 0, the
-    backward's K, V, Q and dO rows past the used ones by P = 0 or dS = 0, and 0 * NaN is NaN unless they are zeroed
-    first)."""
+    """Tokens no sequence uses (past seqused, padding past cu_seqlens[N]) hold NaN, in q, k, v and, for the kernels,
+    the output's cotangent: the reference zeroes them before use, and the kernels must not let them in either,
+    although the sm90 kernels' boxes load them (the forward's V rows past a sequence's used keys are multiplied by
+    P = 0, the backward's K, V, Q and dO rows past the used ones by P = 0 or dS = 0, and 0 * NaN is NaN unless they
+    are zeroed first). The reference gets zeros in those cotangent rows instead (the rows' outputs are constant 0, so
+    their cotangent is immaterial; the reference's all-pairs branch would multiply it by P = 0 in dv)."""
     rng = np.random.default_rng([SEED, d])
     cfg = _fixed([65, 0, 130, 7], [129, 3, 200, 64], d=d, causal=True, sinks=True, seqused_q=True, seqused_k=True,
                  padding_q=9, padding_k=70)
@@ -244,9 +245,10 @@ def test_nan_in_unused_tokens_never_reaches_a_sequence(d):
     k = jnp.where(unused_k[:, None, None], jnp.nan, k).astype(k.dtype)
     v = jnp.where(unused_k[:, None, None], jnp.nan, v).astype(v.dtype)
     d_out, d_lse = cotangents
-    cotangents = (jnp.where(unused_q[:, None, None], jnp.nan, d_out).astype(d_out.dtype), d_lse)
+    cotangents = (jnp.where(unused_q[:, None, None], 0, d_out).astype(d_out.dtype), d_lse)
+    poisoned = (jnp.where(unused_q[:, None, None], jnp.nan, d_out).astype(d_out.dtype), d_lse)
     cfg = dict(cfg, _sinks=extra["sinks"])
-    kernel = _run(cfg, (q, k, v), extra, cotangents, "kernel")
+    kernel = _run(cfg, (q, k, v), extra, poisoned, "kernel")
     reference = _run(cfg, (q, k, v), extra, cotangents, "reference")
     bad = _check(cfg, _compare(cfg, kernel, reference, cotangents))
     assert not bad, f"seed {SEED}, d {d}: {bad}"
