@@ -507,6 +507,7 @@ struct BwdMainloopSm90 {
         zero_rows(s_k, past_begin, past_end, thread_idx, kMmaThreads);
         zero_rows(s_v, past_begin, past_end, thread_idx, kMmaThreads);
         cutlass::arch::fence_view_async_shared();  // the zeros, visible to the wgmma reads (async proxy)
+        __syncwarp();  // the lanes' loops end apart: reconverge before the barrier
         cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
       }
     }
@@ -528,6 +529,7 @@ struct BwdMainloopSm90 {
             zero_rows(s_q(_, _, stage), past_begin, past_end, thread_idx, kMmaThreads);
             zero_rows(s_do(_, _, stage), past_begin, past_end, thread_idx, kMmaThreads);
             cutlass::arch::fence_view_async_shared();
+            __syncwarp();
             cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
           }
         }
