@@ -71,10 +71,11 @@ DETERMINISTIC: set[tuple[str, str]] = {("sm90", "bwd")}
 
 # (family, direction) pairs whose kernels take packed sequences (varlen, FwdParams/BwdParams::cu_seqlens_q); dispatch
 # gives varlen calls only to these rows (the newest family among them wins). The sm80 family takes them as a runtime
-# branch of its kernels (the tangent's scheduler is its forward's), the sm90 forward through a compile-time variant
-# of its kernel (fwd_varlen_scheduler.cuh).
-# The sm90 backward joins once its kernels walk packed sequences; until then varlen's backward is the sm80 one.
-VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd")}
+# branch of its kernels (the tangent's scheduler is its forward's), the sm90 forward and backward through
+# compile-time variants of their kernels (fwd_varlen_scheduler.cuh, bwd_varlen_scheduler.cuh). deterministic=True
+# with varlen has no kernel (dispatch refuses it: the sm90 backward's dq counters are laid out per dense batch).
+VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd"),
+                                ("sm90", "bwd")}
 
 # (family, direction) pairs whose kernels take a mask mod's bits (AttnShape::mask_bits: tile classes, empty tiles
 # skipped, the bits applied on partial ones); dispatch gives mask-mod calls only to these rows, the newest family among

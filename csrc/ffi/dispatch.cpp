@@ -97,7 +97,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
-  // and tangent, the sm90 forward; so on Hopper the forward is sm90's, the backward and tangent sm80's.
+  // and tangent, the sm90 forward and backward; so on Hopper the forward and backward are sm90's, the tangent sm80's.
   // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward and
   // backward, the sm90 forward; so on Hopper the forward is sm90's, the backward sm80's. Not with varlen (b would be
   // the sequence, the indices sequence-local) nor in the tangent (jax.jvp of a mask-mod call evaluates the
@@ -105,6 +105,12 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   if (problem.mask_mod && problem.varlen) {
     choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
                     "the sm80 kernels)";
+    return choice;
+  }
+  // deterministic=True with varlen: no backward orders packed sequences' dq sums (the sm90 backward's counters are
+  // laid out per dense batch and query block, the sm80 backward adds with atomics); the call runs on the reference.
+  if (problem.varlen && problem.deterministic && problem.direction == Direction::kBwd) {
+    choice.reason = "deterministic=True: no backward kernel orders the dq partials of varlen (packed) attention yet";
     return choice;
   }
   if (problem.mask_mod && problem.direction == Direction::kTangent) {
@@ -175,7 +181,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                      : problem.varlen
                          ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
                                " takes packed sequences on this sm_" + std::to_string(device_sm) +
-                               " device; the sm90 family's forward does, its backward and tangent not yet)"
+                               " device; the sm90 family's forward and backward do, its tangent not yet)"
                      : problem.direction == Direction::kTangent
                          ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "
                            "tangent kernel yet)"

@@ -1,6 +1,6 @@
-"""Varlen (packed sequences) on the kernels (docs/design.md §2.7): the forward on the newest family whose forward takes
-packed sequences (sm90 on Hopper, csrc/kernels/sm90/fwd_varlen_*; the sm80 family elsewhere), the backward and the
-tangent on the sm80 family's (csrc/kernels/sm80). Dispatch picks them; nothing here depends on which.
+"""Varlen (packed sequences) on the kernels (docs/design.md §2.7): the forward and the backward on the newest family
+whose kernels take packed sequences (sm90 on Hopper, csrc/kernels/sm90/{fwd,bwd}_varlen_*; the sm80 family elsewhere),
+the tangent on the sm80 family's (csrc/kernels/sm80). Dispatch picks them; nothing here depends on which.
 
     fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks) -> (out [Tq, Hq, Dv], lse [Hq, Tq])
     tangent_varlen(q, k, v, cu_q, cu_k, seqused_q, seqused_k, sinks, out, lse; tq, tk, tv, ts) -> (t_out, t_lse)

@@ -6,11 +6,11 @@
 namespace flashjax {
 namespace {
 
-// Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward;
-// mask mods on the sm80 forward and backward and the sm90 forward.
+// Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward and
+// backward (the sm90 family has no tangent row); mask mods on the sm80 forward and backward and the sm90 forward.
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
-  const bool varlen = !(sm90 && d != Direction::kFwd);
+  const bool varlen = !(sm90 && d == Direction::kTangent);
   const bool mask_mod = d != Direction::kTangent && !(sm90 && d != Direction::kFwd);
   return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
           varlen, mask_mod};
@@ -173,19 +173,25 @@ TEST_F(ChooseKernel, RefusesDevicesWithoutCode) {
   EXPECT_EQ(volta.kernel, nullptr);
 }
 
-// Varlen runs on the rows that take packed sequences: on Hopper the sm90 forward and the sm80 backward (the sm90
-// backward does not take them yet), elsewhere the sm80 family both ways; deterministic=True has no varlen kernel
-// (the sm80 backward's dq atomics land in any order).
+// Varlen runs on the rows that take packed sequences: on Hopper the sm90 forward and backward, elsewhere the sm80
+// family both ways; a build whose sm90 backward row takes no varlen gives Hopper's varlen backward to the sm80 one.
+// deterministic=True has no varlen kernel (the sm90 backward's dq counters are laid out per dense batch, the sm80
+// backward's dq atomics land in any order), even where the sm90 row orders dense calls.
 TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
   std::vector<KernelEntry> rows = table;
-  rows.push_back(entry("sm90", Direction::kBwd, DType::kBFloat16, 128));  // no varlen: never chosen for it
+  rows.push_back(entry("sm90", Direction::kBwd, DType::kBFloat16, 128));
+  std::vector<KernelEntry> dense_sm90_bwd = rows;
+  dense_sm90_bwd.back().varlen = false;
   for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
     ProblemKey varlen = key(direction, DType::kBFloat16, 128);
     varlen.varlen = true;
-    const Choice hopper = choose_kernel(90, archs, varlen, rows);
+    const Choice hopper = choose_kernel(90, archs, varlen, rows, /*smem_per_block_optin=*/0, /*explain=*/true);
     ASSERT_NE(hopper.kernel, nullptr);
-    EXPECT_STREQ(hopper.kernel->family, direction == Direction::kFwd ? "sm90" : "sm80");
+    EXPECT_STREQ(hopper.kernel->family, "sm90");
     EXPECT_NE(hopper.reason.find("varlen"), std::string::npos) << hopper.reason;
+    const Choice without = choose_kernel(90, archs, varlen, dense_sm90_bwd);
+    ASSERT_NE(without.kernel, nullptr);
+    EXPECT_STREQ(without.kernel->family, direction == Direction::kFwd ? "sm90" : "sm80");
     const Choice ampere = choose_kernel(86, archs, varlen, rows);
     ASSERT_NE(ampere.kernel, nullptr);
     EXPECT_STREQ(ampere.kernel->family, "sm80");
@@ -199,9 +205,14 @@ TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
   ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
   ordered.varlen = true;
   ordered.deterministic = true;
-  const Choice refused = choose_kernel(90, archs, ordered, table);
+  for (KernelEntry& e : rows) e.deterministic = std::string_view(e.family) == "sm90";
+  const Choice refused = choose_kernel(90, archs, ordered, rows);
   EXPECT_EQ(refused.kernel, nullptr);
   EXPECT_NE(refused.reason.find("deterministic=True"), std::string::npos) << refused.reason;
+  ordered.varlen = false;  // the same row takes the dense call
+  const Choice dense = choose_kernel(90, archs, ordered, rows);
+  ASSERT_NE(dense.kernel, nullptr) << dense.reason;
+  EXPECT_STREQ(dense.kernel->family, "sm90");
 }
 
 // Mask mods (issue 38) run on the rows marked mask_mod: the sm80 forward and backward on every device, the sm90

@@ -1,12 +1,12 @@
 """Varlen (packed sequences) on the kernels against the reference (issue 37): whatever dispatch picks, i.e. on Hopper
-the sm90 forward with the sm80 backward, elsewhere (or with FLASHJAX_DISABLE_FAMILIES=sm90) the sm80 family both ways.
+the sm90 family both ways, elsewhere (or with FLASHJAX_DISABLE_FAMILIES=sm90) the sm80 family both ways.
 
 Random packings (N 1..64, lengths 0..2000 with many empty and tiny ones, q and k packed differently, seqused, GQA,
 causal / windows, sinks, softcap, bf16 / fp16, odd head dims) from a fresh seed each run (FLASHJAX_VARLEN_SEED
 fixes it), and fixed cases that reach each feature for sure; relative error by norm as tests/gpu/sweep.py measures
 it (gradients at twice the output tolerance, dsinks against the sum of its terms' magnitudes). Gradients run
-through the sm80 backward kernel, dlse and dsinks included; rows and keys that no sequence uses must get exactly zero
-gradients. Malformed offsets run under jit (no Python check) and must give finite outputs and gradients, no crash.
+through the backward kernel dispatch picks, dlse and dsinks included; rows and keys that no sequence uses must get
+exactly zero gradients. Malformed offsets run under jit (no Python check) and must give finite outputs and gradients, no crash.
 FLASHJAX_SMEM_LIMIT_KB=99 runs the same tests on the 99 KB rows.
 """
 import os
@@ -193,6 +193,18 @@ FIXED = {
     "decode_long_caches": _fixed(np.ones(32, int), np.arange(32) * 97 + 1000, hq=8, hk=2, d=128, causal=True),
     "d64_window_softcap": _fixed([257, 3, 190, 64], [300, 1, 190, 700], d=64, window=(40, 40), softcap=15.0,
                                  dtype="float16"),
+    # The sm90 backward's CTAs own 128 keys at D <= 128 and 64 at D 192 / 256 and step over 64 query rows, each box
+    # from its sequence's first row: key lengths around both key blocks (63 .. 129) against query lengths packed
+    # differently, at the two warpgroup splits (by keys: D 64 / 128; by head dim: D 192 / 256), GQA, seqused inside
+    # the last blocks, sinks with dlse and softcap, padding tokens between which the last boxes run.
+    "bwd_key_blocks_d64": _fixed([65, 129, 1, 64, 127, 63], [63, 64, 65, 127, 128, 129], d=64, hq=4, hk=1,
+                                 sinks=True, padding_q=11, padding_k=7),
+    "bwd_key_blocks_d128": _fixed([129, 63, 128, 65, 64, 127], [129, 128, 127, 65, 64, 63], d=128, causal=True,
+                                  seqused_k=True, softcap=15.0, dtype="float16", padding_k=70),
+    "bwd_key_blocks_d192": _fixed([63, 64, 65, 127, 128, 129], [65, 63, 129, 64, 128, 127], d=192, hq=6, hk=2,
+                                  window=(50, 20), sinks=True, seqused_q=True, padding_q=40),
+    "bwd_key_blocks_d256": _fixed([128, 1, 129, 64, 65, 63], [64, 129, 63, 65, 128, 127], d=256, causal=True,
+                                  sinks=True, softcap=15.0, seqused_q=True, seqused_k=True, padding_k=64),
 }
 
 
@@ -213,11 +225,14 @@ def test_fixed_varlen_cases_match_reference(name):
     assert np.all(np.asarray(dk, np.float32)[rows_k] == 0) and np.all(np.asarray(dv, np.float32)[rows_k] == 0), name
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_nan_in_unused_tokens_never_reaches_a_sequence(d):
-    """Tokens no sequence uses (past seqused, padding past cu_seqlens[N]) hold NaN: the reference zeroes them before
-    use, and the kernels must not let them in either, although the sm90 forward's boxes load them (the V rows past a
-    sequence's used keys are multiplied by P = 0, and 0 * NaN is NaN unless they are zeroed first)."""
+    """Tokens no sequence uses (past seqused, padding past cu_seqlens[N]) hold NaN, in q, k, v and, for the kernels,
+    the output's cotangent: the reference zeroes them before use, and the kernels must not let them in either,
+    although the sm90 kernels' boxes load them (the forward's V rows past a sequence's used keys are multiplied by
+    P = 0, the backward's K, V, Q and dO rows past the used ones by P = 0 or dS = 0, and 0 * NaN is NaN unless they
+    are zeroed first). The reference gets zeros in those cotangent rows instead (the rows' outputs are constant 0, so
+    their cotangent is immaterial; the reference's all-pairs branch would multiply it by P = 0 in dv)."""
     rng = np.random.default_rng([SEED, d])
     cfg = _fixed([65, 0, 130, 7], [129, 3, 200, 64], d=d, causal=True, sinks=True, seqused_q=True, seqused_k=True,
                  padding_q=9, padding_k=70)
@@ -229,12 +244,17 @@ def test_nan_in_unused_tokens_never_reaches_a_sequence(d):
     q = jnp.where(unused_q[:, None, None], jnp.nan, q).astype(q.dtype)
     k = jnp.where(unused_k[:, None, None], jnp.nan, k).astype(k.dtype)
     v = jnp.where(unused_k[:, None, None], jnp.nan, v).astype(v.dtype)
+    d_out, d_lse = cotangents
+    cotangents = (jnp.where(unused_q[:, None, None], 0, d_out).astype(d_out.dtype), d_lse)
+    poisoned = (jnp.where(unused_q[:, None, None], jnp.nan, d_out).astype(d_out.dtype), d_lse)
     cfg = dict(cfg, _sinks=extra["sinks"])
-    kernel = _run(cfg, (q, k, v), extra, cotangents, "kernel")
+    kernel = _run(cfg, (q, k, v), extra, poisoned, "kernel")
     reference = _run(cfg, (q, k, v), extra, cotangents, "reference")
     bad = _check(cfg, _compare(cfg, kernel, reference, cotangents))
     assert not bad, f"seed {SEED}, d {d}: {bad}"
     assert np.all(np.isfinite(np.asarray(kernel[0], np.float32)))
+    for name, g in zip(("dq", "dk", "dv"), kernel[2][:3]):
+        assert np.all(np.isfinite(np.asarray(g, np.float32))), (d, name)
 
 
 def test_no_sequences_give_zero_gradients():
@@ -296,13 +316,13 @@ def test_malformed_offsets_give_finite_results_under_jit(name, causal):
             assert np.all(np.isfinite(np.asarray(g, np.float32))), name
 
 
-def _sm90_varlen_forward():
-    """Whether dispatch gives varlen forwards to the sm90 family here: an sm90 device, the build's bf16 D 128 sm90
-    forward marked varlen, and the family not switched off (the sm80 mode)."""
+def _sm90_varlen(direction):
+    """Whether dispatch gives varlen calls of `direction` ("fwd", "bwd") to the sm90 family here: an sm90 device, the
+    build's bf16 D 128 sm90 row marked varlen, and the family not switched off (the sm80 mode)."""
     device = flashjax._ffi.default_device()
     if device is None or device[0] != 90 or "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(","):
         return False
-    return any(row["family"] == "sm90" and row["direction"] == "fwd" and row["dtype"] == "bf16" and
+    return any(row["family"] == "sm90" and row["direction"] == direction and row["dtype"] == "bf16" and
                row["head_dim"] == 128 and row.get("varlen") for row in flashjax._ffi.build_info().get("kernels", []))
 
 
@@ -312,12 +332,13 @@ def test_explain_names_the_varlen_families():
     cu = jax.ShapeDtypeStruct((5,), jnp.int32)
     text = flashjax.explain(q, k, k, cu, cu, causal=True)
     forward = text.split("backward: ", 1)[0]  # the plan's reason is the forward's, then its tiles
-    family = "sm90" if _sm90_varlen_forward() else "sm80"
+    family = "sm90" if _sm90_varlen("fwd") else "sm80"
     assert f": kernel ({family} forward kernel" in forward and "varlen" in forward, text
     if family == "sm90":  # one tile per (sequence block, query head): no GQA packing, no key splits
         assert "the varlen kernel's" in forward and "GQA packed" not in forward, text
     backward = text.split("backward: ", 1)[1]
-    assert backward.startswith("sm80 backward kernel") and "varlen" in backward, text
+    family = "sm90" if _sm90_varlen("bwd") else "sm80"
+    assert backward.startswith(f"{family} backward kernel") and "varlen" in backward, text
     # No varlen kernel orders its dq sums: deterministic=True takes the reference, saying why.
     text = flashjax.explain(q, k, k, cu, cu, deterministic=True)
     assert ": reference (" in text and "deterministic=True" in text, text

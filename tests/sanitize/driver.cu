@@ -731,7 +731,8 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
 
 // ---------------------------------------------------------------------------------------------- varlen configs
 // Packed sequences (docs/design.md §2.7), forward then backward, on the kernels dispatch picks for varlen (on Hopper
-// the sm90 forward and the sm80 backward; elsewhere, or with FLASHJAX_DISABLE_FAMILIES=sm90, the sm80 family), with the FFI handlers' fields and bwd_varlen_workspace_layout's workspace (poisoned). The
+// the sm90 family both ways; elsewhere, or with FLASHJAX_DISABLE_FAMILIES=sm90, the sm80 family), with the FFI
+// handlers' fields and bwd_varlen_workspace_layout's workspace (poisoned). The
 // offsets and seqused are device data the kernels clamp: malformed ones (decreasing, negative, past the end, not from
 // zero, 2^31 - 1) must run memcheck-clean with finite results. Well-formed ones also check the zeros §2.5 / §2.7
 // promise: rows no sequence uses get out = 0, lse = -inf and dq = 0, keys no sequence uses dk = dv = 0.
@@ -768,6 +769,16 @@ const VarlenConfig kVarlenConfigs[] = {
      "varlen: lengths 63, 64, 65, 128, 129 (sm90 tile boundaries), causal, sinks, dlse"},
     {{0, 700, 700, 1400}, {0, 800, 800, 1700}, {650, 0, 699}, 1400, 1710, 8, 2, -1, -1, false, true, true, 0.f,
      "varlen: long, empty, long sequences with seqused inside, GQA 8/2, dlse"},
+    // The sm90 backward's CTAs own 64 keys at D 192 / 256 and 128 below, each K / V box from its sequence's first
+    // key, and step over 64-row Q / dO boxes: key lengths around both blocks, queries packed differently, seqused
+    // inside the last blocks (their boxes' rows past it are zeroed in shared memory), padding behind the last box.
+    // In the rotation over the widths these two take fp16 D 192 and bf16 D 64 (available_variants' order).
+    {{0, 63, 127, 192, 192, 320, 449}, {0, 65, 194, 257, 257, 321, 448}, {60, 64, 63, 0, 64, 127}, 460, 470, 4, 2,
+     -1, 0, true, true, true, 0.f,
+     "varlen: keys 65, 129, 63, 0, 64, 127 (sm90 backward's 64-key blocks), seqused inside, causal, sinks, dlse"},
+    {{0, 129, 130, 330, 394, 457}, {0, 127, 255, 384, 641, 642}, {}, 470, 700, 8, 1, 100, 20, false, true, true,
+     10.f, "varlen: keys 127, 128, 129, 257, 1 (sm90 backward's 128-key blocks), MQA 8/1, window (100, 20), "
+     "softcap 10, dlse"},
 };
 constexpr int kNumVarlenConfigs = sizeof(kVarlenConfigs) / sizeof(kVarlenConfigs[0]);
 

@@ -6,12 +6,12 @@
 #include <cutlass/numeric_types.h>
 
 #include <string>
-#include <utility>
 
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/common/mask_bits_tiles.cuh"
+#include "kernels/common/varlen_gradients.h"
 #include "kernels/sm80/bwd_kernel.cuh"
 #include "kernels/sm80/bwd_layouts.cuh"
 #include "kernels/sm80/bwd_postprocess.cuh"
@@ -21,22 +21,6 @@
 #include "kernels/sm80/launch.h"
 
 namespace flashjax::sm80 {
-
-// Varlen: the gradient rows no CTA writes (keys and query rows past seqused, tokens outside every sequence, rows that
-// malformed offsets leave out) are zero, as the reference gives unused rows: stream-ordered memsets of dq, dk, dv
-// before the kernels, which then overwrite the rows of their sequences (rows of [T, H, D] with the handler's strides).
-template <typename Element>
-cudaError_t zero_varlen_gradients(const BwdParams& params, cudaStream_t stream) {
-  const std::pair<void*, int64_t> tensors[] = {{params.dq, int64_t(params.seqlen_q) * params.dq_row_stride},
-                                               {params.dk, int64_t(params.seqlen_k) * params.dk_row_stride},
-                                               {params.dv, int64_t(params.seqlen_k) * params.dv_row_stride}};
-  for (const auto& [data, elements] : tensors) {
-    if (elements <= 0) continue;
-    const cudaError_t err = cudaMemsetAsync(data, 0, size_t(elements) * sizeof(Element), stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
-}
 
 template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
@@ -60,7 +44,7 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   if (varlen) {
-    if (const cudaError_t err = zero_varlen_gradients<Element>(params, stream); err != cudaSuccess) return err;
+    if (const cudaError_t err = common::zero_varlen_gradients<Element>(params, stream); err != cudaSuccess) return err;
     if (params.num_seqs == 0) return cudaGetLastError();  // no sequence: zero gradients, dsinks 0
   }
   if (params.batch == 0 || params.heads_q == 0) return cudaGetLastError();

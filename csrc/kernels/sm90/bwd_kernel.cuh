@@ -6,6 +6,9 @@
 //     the epilogue (bwd_epilogue.cuh).
 //     (Each owns 64 keys over all of D, or, at D > 128, all 64 keys over half of D: bwd_tile_sizes.cuh.)
 // A CTA whose keys no query row sees runs no step and writes zero dK and dV.
+// Packed sequences (kVarlen, a compile-time variant: the dense kernels' code is what it was): grid (virtual key
+// block, KV head, 1); a CTA finds its sequence and key block (bwd_varlen_scheduler.cuh), one with no keys there
+// exits at once (the launcher zeroed dK / dV), the others run as above on the sequence's used rows and keys.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -18,13 +21,16 @@
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm90/bwd_epilogue.cuh"
 #include "kernels/sm90/bwd_mainloop.cuh"
+#include "kernels/sm90/bwd_varlen_scheduler.cuh"
 
 namespace flashjax::sm90 {
 
 // Tiles and warpgroup split: bwd_tile_sizes(kHeadDim), read by the mainloop.
-template <typename Element, int kHeadDim, bool kSoftcap>
+template <typename Element, int kHeadDim, bool kSoftcap, bool kVarlen_ = false>
 struct BwdKernelSm90 {
-  using Mainloop = BwdMainloopSm90<Element, kHeadDim, kSoftcap>;
+  using Mainloop = BwdMainloopSm90<Element, kHeadDim, kSoftcap, kVarlen_>;
+  static constexpr bool kVarlen = kVarlen_;
+  using VarlenScheduler = BwdVarlenSchedulerSm90<Mainloop::kBlockN, /*kKeys=*/true>;
   static constexpr int kThreads = 128 + Mainloop::kMmaThreads;
   // 128 * 24 + 256 * 240 = 64512 of the 64K registers (see FwdKernelSm90 for the bound).
   static constexpr int kProducerRegisters = 24;
@@ -66,8 +72,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   extern __shared__ char smem_bytes[];
   auto& shared = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_bytes);
   const BwdParams& call = params.call;
+  BwdVarlenBlock seq{};  // varlen: the CTA's sequence and key block
+  if constexpr (Kernel::kVarlen) {
+    seq = Kernel::VarlenScheduler::block(call, blockIdx.x);
+    if (!Kernel::VarlenScheduler::has_work(seq)) return;  // the whole CTA, before any barrier
+  }
   const BwdDqOrder order = BwdDqOrder::of(params.mainloop.dq_semaphore, call.window_right);
-  const int n_block = order.n_block(blockIdx.x, gridDim.x);
+  const int n_block = Kernel::kVarlen ? seq.block : order.n_block(blockIdx.x, gridDim.x);
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
   const bool is_producer = cutlass::canonical_warp_group_idx() == 0;
@@ -79,10 +90,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
-  const common::BwdBandMask mask(call.seqlen_q, call.seqlen_k, call.window_left, call.window_right);
+  const common::BwdBandMask mask(Kernel::kVarlen ? seq.seqlen_q : call.seqlen_q,
+                                 Kernel::kVarlen ? seq.seqlen_k : call.seqlen_k, call.window_left, call.window_right);
   const common::MBlockRange m_blocks = mask.m_blocks<Mainloop::kBlockM, Mainloop::kBlockN>(n_block * Mainloop::kBlockN);
   const int group = call.heads_q / call.heads_k;
-  const typename Mainloop::Steps steps{kv_head * group, group, m_blocks.begin, m_blocks.end};
+  const typename Mainloop::Steps steps = Mainloop::make_steps(kv_head * group, group, m_blocks, seq);
 
   if (is_producer) {
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
@@ -111,7 +123,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     Mainloop::mma(params.mainloop, shared.tensors, shared.barriers, pipeline_q, pipeline_do, mask, transform, n_block,
                   steps, thread_idx, acc_dk, acc_dv);
   }
-  bwd_store_dkdv_sm90<Mainloop>(call, n_block, kv_head, batch, thread_idx, acc_dk, acc_dv);
+  if constexpr (Kernel::kVarlen) {
+    bwd_store_dkdv_varlen_sm90<Mainloop>(call, seq, kv_head, thread_idx, acc_dk, acc_dv);
+  } else {
+    bwd_store_dkdv_sm90<Mainloop>(call, n_block, kv_head, batch, thread_idx, acc_dk, acc_dv);
+  }
 #endif
 }
 

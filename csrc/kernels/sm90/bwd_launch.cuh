@@ -6,6 +6,13 @@
 // kernel (bwd_kernel.cuh) and the dQ conversion (bwd_postprocess.cuh); with deterministic=True also the counters'
 // memset and, with sinks, the ordered dsinks sum. Nothing here synchronizes, allocates or reads device memory, so
 // the call can be captured into a CUDA graph.
+//
+// Packed sequences (cu_seqlens_q set, docs/design.md §2.7): the same three passes with the varlen variants of the
+// main kernel and the postprocess (grids over the virtual blocks of bwd_varlen_scheduler.cuh) and the workspace of
+// bwd_varlen_workspace_layout (the row pass places each sequence's rows there itself: bwd_row_of_slab_row). dq, dk
+// and dv are zeroed first, as the sm80 family does: the rows no CTA writes (past seqused, outside every sequence,
+// rows malformed offsets leave out) are 0, as the reference gives unused rows. deterministic=True is refused with
+// varlen (the counters are laid out per dense batch; dispatch never sends such a call here).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,10 +23,12 @@
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/varlen_gradients.h"
 #include "kernels/sm80/bwd_preprocess.cuh"
 #include "kernels/sm90/bwd_kernel.cuh"
 #include "kernels/sm90/bwd_postprocess.cuh"
 #include "kernels/sm90/bwd_tile_sizes.cuh"
+#include "kernels/sm90/bwd_varlen_scheduler.cuh"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/tma_compatible.h"
 
@@ -27,8 +36,8 @@ namespace flashjax::sm90 {
 
 namespace detail {
 
-template <typename Element, int kHeadDim, bool kSoftcap>
-using BwdKernelFor = BwdKernelSm90<Element, kHeadDim, kSoftcap>;
+template <typename Element, int kHeadDim, bool kSoftcap, bool kVarlen = false>
+using BwdKernelFor = BwdKernelSm90<Element, kHeadDim, kSoftcap, kVarlen>;
 
 template <typename Kernel>
 cudaError_t launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
@@ -39,9 +48,22 @@ cudaError_t launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const typename Kernel::Params kernel_params{Mainloop::to_params(params), params};
   static_assert(sizeof(typename Kernel::Params) <= 4096, "kernel parameters over 4 KB");
-  const dim3 grid(common::ceil_div(params.seqlen_k, Mainloop::kBlockN), params.heads_k, params.batch);
+  dim3 grid(common::ceil_div(params.seqlen_k, Mainloop::kBlockN), params.heads_k, params.batch);
+  if constexpr (Kernel::kVarlen) {
+    const int64_t blocks = Kernel::VarlenScheduler::num_blocks(params);
+    if (blocks < 0) return cudaErrorInvalidConfiguration;  // virtual blocks past a grid's int
+    if (blocks == 0) return cudaSuccess;
+    grid = dim3(static_cast<unsigned>(blocks), params.heads_k, 1);
+  }
   kernel<<<grid, Kernel::kThreads, Kernel::kSmemBytes, stream>>>(kernel_params);
   return cudaGetLastError();
+}
+
+// The main kernel for the call's softcap and packing.
+template <typename Element, int kHeadDim, bool kVarlen>
+cudaError_t launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
+  return params.softcap > 0.f ? launch_bwd_kernel<BwdKernelFor<Element, kHeadDim, true, kVarlen>>(params, stream)
+                              : launch_bwd_kernel<BwdKernelFor<Element, kHeadDim, false, kVarlen>>(params, stream);
 }
 
 }  // namespace detail
@@ -49,13 +71,18 @@ cudaError_t launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
 template <typename Element, int kHeadDim>
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   using Uncapped = detail::BwdKernelFor<Element, kHeadDim, false>;
-  using Capped = detail::BwdKernelFor<Element, kHeadDim, true>;
   using Mainloop = typename Uncapped::Mainloop;
   using RowPass = sm80::BwdRowPassShape;
+  static_assert(kBwdVarlenRowBlock % Mainloop::kBlockM == 0, "varlen query blocks stay whole in a sequence's rows");
+  const bool varlen = params.cu_seqlens_q != nullptr;
+  // The workspace's rows per slab: Sq rounded, or varlen's per-sequence placement (flashjax/workspace.h).
+  const int64_t slab_rows = varlen ? bwd_varlen_rows(params.seqlen_q, params.num_seqs)
+                                   : int64_t(common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding)) *
+                                         kBwdSeqlenQRounding;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0 ||
-      params.seqlen_q_rounded < common::ceil_div(params.seqlen_q, kBwdSeqlenQRounding) * kBwdSeqlenQRounding ||
+      params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0 || params.seqlen_q_rounded < slab_rows ||
       params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 || kBwdSeqlenQRounding % Mainloop::kBlockM != 0 ||
+      (varlen && (params.batch != 1 || params.num_seqs < 0 || params.deterministic)) ||
       params.mask_bits != nullptr) {  // mask mods run on the sm80 family (dispatch sends them there)
     return cudaErrorInvalidValue;
   }
@@ -72,6 +99,10 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (params.sinks != nullptr && params.heads_q > 0) {
     const cudaError_t err = cudaMemsetAsync(params.dsinks, 0, sizeof(float) * params.heads_q, stream);
     if (err != cudaSuccess) return err;
+  }
+  if (varlen) {
+    if (const cudaError_t err = common::zero_varlen_gradients<Element>(params, stream); err != cudaSuccess) return err;
+    if (params.num_seqs == 0) return cudaGetLastError();  // no sequence: zero gradients, dsinks 0
   }
   if (params.batch == 0 || params.heads_q == 0) return cudaGetLastError();
   if (params.deterministic) {
@@ -90,13 +121,18 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   }
   // With Sq = 0 the main kernel still runs: its CTAs run no step and write zero dK / dV.
   if (params.seqlen_k > 0) {
-    const cudaError_t err = params.softcap > 0.f ? detail::launch_bwd_kernel<Capped>(params, stream)
-                                                 : detail::launch_bwd_kernel<Uncapped>(params, stream);
+    const cudaError_t err = varlen ? detail::launch_bwd_main<Element, kHeadDim, true>(params, stream)
+                                   : detail::launch_bwd_main<Element, kHeadDim, false>(params, stream);
     if (err != cudaSuccess) return err;
   }
-  if (params.seqlen_q > 0) {
+  if (params.seqlen_q > 0 && !varlen) {
     const dim3 grid(common::ceil_div(params.seqlen_q, Mainloop::kBlockM), params.heads_q, params.batch);
     bwd_postprocess_kernel_sm90<Mainloop><<<grid, Mainloop::kMmaThreads, 0, stream>>>(params);
+  } else if (params.seqlen_q > 0) {
+    const int64_t blocks = BwdVarlenSchedulerSm90<Mainloop::kBlockM, /*kKeys=*/false>::num_blocks(params);
+    if (blocks < 0) return cudaErrorInvalidConfiguration;
+    const dim3 grid(static_cast<unsigned>(blocks), params.heads_q, 1);
+    bwd_postprocess_kernel_sm90<Mainloop, true><<<grid, Mainloop::kMmaThreads, 0, stream>>>(params);
   }
   return cudaGetLastError();
 }

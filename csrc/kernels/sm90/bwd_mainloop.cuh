@@ -20,6 +20,16 @@
 //
 // Rows past Sq are zero-filled by TMA and have lse_log2 = +inf (the preprocess pads the workspace so), so their P
 // and dS are exactly 0; keys past Sk are zero-filled and masked (BwdBandMask::needs_mask covers the last block).
+//
+// Packed sequences (kVarlen, a compile-time variant so that the dense kernels' code is what it was): the CTA's keys
+// and every step's rows are its sequence's (bwd_varlen_scheduler.cuh), the boxes start at the sequence's first row
+// (from_row), the LSE / D' rows and dQ's workspace rows at its slab rows (slab_row). A box's rows past the
+// sequence's used rows or keys but inside the tensor belong to a neighbour or are padding and may hold anything,
+// NaN included. Masking S is not enough there: dP^T = V dO^T, dV += P^T dO, dK += dS^T Q and dQ = dS K would
+// multiply those rows by P = 0 or dS = 0, and 0 * NaN is NaN. So the MMA warpgroups zero them in shared memory
+// before any GEMM reads them (zero_rows: K and V once per CTA, Q and dO on the steps whose box reaches past the
+// used rows, i.e. a sequence's last block). Then such rows are exactly the zero-filled rows of the dense case: S and
+// dP are 0 there, padding rows have lse_log2 = +inf (P = 0), keys past the used ones are masked.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -35,6 +45,7 @@
 #include "kernels/sm90/bwd_dq_order.cuh"
 #include "kernels/sm90/bwd_named_barriers.cuh"
 #include "kernels/sm90/bwd_tile_sizes.cuh"
+#include "kernels/sm90/bwd_varlen_scheduler.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
@@ -58,7 +69,7 @@ __device__ __forceinline__ void bulk_wait_all_complete() {
 #endif
 }
 
-template <typename Element_, int kHeadDim_, bool kSoftcap_>
+template <typename Element_, int kHeadDim_, bool kSoftcap_, bool kVarlen_ = false>
 struct BwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -67,6 +78,8 @@ struct BwdMainloopSm90 {
   static constexpr int kBlockN = kTiles.block_n;
   // Compiled for soft-capped calls (tanh' enters dS), as a kernel of its own like the forward's.
   static constexpr bool kSoftcap = kSoftcap_;
+  // Packed sequences (see the header): the CTA's sequence rides along in Steps.
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr int kMmaWarpgroups = BwdNamedBarrier::kMmaWarpgroups;
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kStages = kTiles.stages;  // Q and dO buffers each
@@ -257,7 +270,7 @@ struct BwdMainloopSm90 {
 
   // The CTA's steps: query heads [head_begin, head_begin + group) x query blocks [m_begin, m_end), heads outer. The
   // producer, the MMA warpgroups and the dQ writer walk the same list.
-  struct Steps {
+  struct DenseSteps {
     int head_begin;
     int group;
     int m_begin;
@@ -270,6 +283,57 @@ struct BwdMainloopSm90 {
       return (int64_t(batch) * heads_q + head_q) * seqlen_q_rounded + int64_t(m_block) * kBlockM;
     }
   };
+  // Varlen: also the CTA's sequence; m blocks and keys are sequence-local (the varlen fields exist only in the varlen
+  // kernel, so that the dense kernels' registers are what they were).
+  struct VarlenSteps : DenseSteps {
+    BwdVarlenBlock seq;
+  };
+  using Steps = std::conditional_t<kVarlen, VarlenSteps, DenseSteps>;
+
+  __device__ static Steps make_steps(int head_begin, int group, const common::MBlockRange& m_blocks,
+                                     const BwdVarlenBlock& seq) {
+    if constexpr (kVarlen) {
+      return {{head_begin, group, m_blocks.begin, m_blocks.end}, seq};
+    } else {
+      return {head_begin, group, m_blocks.begin, m_blocks.end};
+    }
+  }
+
+  // First workspace row (LSE, D', dQ) of query block m_block of head_q: dense, the [B, Hq, Sq_rounded] slabs;
+  // varlen, batch 0's slab from the sequence's rows on (flashjax/workspace.h).
+  __device__ static int64_t slab_row(const Params& params, const Steps& steps, int batch, int head_q, int m_block) {
+    if constexpr (kVarlen) {
+      return Steps::row_offset(params.heads_q, params.seqlen_q_rounded, 0, head_q, m_block) + steps.seq.ws_start;
+    } else {
+      return Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, head_q, m_block);
+    }
+  }
+
+  // A (rows, D) global tensor (TMA coordinates) whose row 0 is the sequence's first query row or key (kKeys) where
+  // kVarlen, else the tensor itself: the boxes then start at any row, not only at multiples of the block.
+  template <bool kKeys, typename Tensor>
+  __device__ __forceinline__ static auto from_row(const Tensor& tensor, const Steps& steps) {
+    if constexpr (kVarlen) {
+      return cute::domain_offset(cute::make_coord(kKeys ? steps.seq.k_start : steps.seq.q_start, cute::_0{}), tensor);
+    } else {
+      return tensor;
+    }
+  }
+
+  // Zeroes rows [row_begin, row_end) of a (rows, D) shared-memory tile, in 16-byte runs of D (every swizzle mode
+  // permutes whole 16-byte units, so each run is contiguous), thread `thread` of `threads`. Each run is addressed
+  // through the tensor, whose swizzled pointer applies the swizzle to byte addresses as TMA and wgmma do, not by the
+  // layout's function on an element coordinate (the forward's V-row bug: FwdMainloopSm90::zero_v_rows). Host and
+  // device: tests/cpp/test_sm90_bwd_varlen.cu runs it against the hardware swizzle.
+  template <typename TileRowsByD>
+  __host__ __device__ static void zero_rows(TileRowsByD&& tile, int row_begin, int row_end, int thread, int threads) {
+    constexpr int kVecElems = 16 / sizeof(Element);
+    constexpr int kVecsPerRow = kHeadDim / kVecElems;
+    static_assert(kHeadDim % kVecElems == 0);
+    for (int i = thread + row_begin * kVecsPerRow; i < row_end * kVecsPerRow; i += threads) {
+      *reinterpret_cast<uint4*>(&tile(i / kVecsPerRow, (i % kVecsPerRow) * kVecElems)) = make_uint4(0, 0, 0, 0);
+    }
+  }
 
   // ---- Producer: one thread (warp 0, lane 0 of the producer warpgroup) ----
   // K_j and V_j once, then Q_i + LSE rows and dO_i + D' rows of every step into the stage the pipelines hand out.
@@ -286,9 +350,9 @@ struct BwdMainloopSm90 {
     auto tma_v = params.tma_v.get_slice(_0{});
     auto tma_q = params.tma_q.get_slice(_0{});
     auto tma_do = params.tma_do.get_slice(_0{});
-    Tensor g_k = local_tile(params.tma_k.get_tma_tensor(params.shape_k)(_, _, kv_head, batch),
+    Tensor g_k = local_tile(from_row<true>(params.tma_k.get_tma_tensor(params.shape_k)(_, _, kv_head, batch), steps),
                             Shape<BlockN, HeadDim>{}, make_coord(n_block, _0{}));
-    Tensor g_v = local_tile(params.tma_v.get_tma_tensor(params.shape_k)(_, _, kv_head, batch),
+    Tensor g_v = local_tile(from_row<true>(params.tma_v.get_tma_tensor(params.shape_k)(_, _, kv_head, batch), steps),
                             Shape<BlockN, HeadDim>{}, make_coord(n_block, _0{}));
     auto& barrier_kv = reinterpret_cast<uint64_t&>(barriers.kv);
     barriers.kv.arrive_and_expect_tx(kTmaBytesKV);
@@ -303,13 +367,13 @@ struct BwdMainloopSm90 {
     for (int h = 0; h < steps.group; ++h) {
       const int head_q = steps.head_begin + h;
       Tensor tQgQ = group_modes<0, 3>(tma_q.partition_S(local_tile(
-          params.tma_q.get_tma_tensor(params.shape_q)(_, _, head_q, batch), Shape<BlockM, HeadDim>{},
-          make_coord(_, _0{}))));  // (TMA, m_blocks)
+          from_row<false>(params.tma_q.get_tma_tensor(params.shape_q)(_, _, head_q, batch), steps),
+          Shape<BlockM, HeadDim>{}, make_coord(_, _0{}))));  // (TMA, m_blocks)
       Tensor tdOgdO = group_modes<0, 3>(tma_do.partition_S(local_tile(
-          params.tma_do.get_tma_tensor(params.shape_q)(_, _, head_q, batch), Shape<BlockM, HeadDim>{},
-          make_coord(_, _0{}))));
+          from_row<false>(params.tma_do.get_tma_tensor(params.shape_q)(_, _, head_q, batch), steps),
+          Shape<BlockM, HeadDim>{}, make_coord(_, _0{}))));
       for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
-        const int64_t rows = Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, head_q, m_block);
+        const int64_t rows = slab_row(params, steps, batch, head_q, m_block);
         const int stage = write.index();
         pipeline_q.producer_acquire(write);
         uint64_t* full_q = pipeline_q.producer_get_barrier(write);
@@ -341,8 +405,7 @@ struct BwdMainloopSm90 {
     }
     for (int h = 0; h < steps.group; ++h) {
       for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
-        const int64_t rows = Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, steps.head_begin + h,
-                                               m_block);
+        const int64_t rows = slab_row(params, steps, batch, steps.head_begin + h, m_block);
         float* block = params.dq_accum + rows * kHeadDim;
         int* counter = nullptr;
         int turn = 0;
@@ -437,6 +500,17 @@ struct BwdMainloopSm90 {
     float* dq_part = tensors.dq.data() + warpgroup * kDqPartFloats;
 
     barriers.kv.wait(0);
+    if constexpr (kVarlen) {  // K / V rows past the used keys (a neighbour's, or padding), once: see the header
+      const int past_begin = steps.seq.seqlen_k - n_start;  // > 0: the CTA has keys
+      const int past_end = min(kBlockN, steps.seq.k_rows - n_start);  // rows past the tensor are TMA's zero fill
+      if (past_begin < past_end) {
+        zero_rows(s_k, past_begin, past_end, thread_idx, kMmaThreads);
+        zero_rows(s_v, past_begin, past_end, thread_idx, kMmaThreads);
+        cutlass::arch::fence_view_async_shared();  // the zeros, visible to the wgmma reads (async proxy)
+        __syncwarp();  // the lanes' loops end apart: reconverge before the barrier
+        cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
+      }
+    }
     State read;
     int ds_stage = 0;
     for (int h = 0; h < steps.group; ++h) {
@@ -446,6 +520,19 @@ struct BwdMainloopSm90 {
         const int stage = read.index();
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
+        if constexpr (kVarlen) {  // Q / dO rows past the used rows, on a sequence's last block: see the header
+          const int past_begin = steps.seq.seqlen_q - m_start;  // > 0: the block holds used rows
+          const int past_end = min(kBlockM, steps.seq.q_rows - m_start);
+          if (past_begin < past_end) {  // the same for every MMA thread: all of them reach the barrier
+            pipeline_q.consumer_wait(read);
+            pipeline_do.consumer_wait(read);
+            zero_rows(s_q(_, _, stage), past_begin, past_end, thread_idx, kMmaThreads);
+            zero_rows(s_do(_, _, stage), past_begin, past_end, thread_idx, kMmaThreads);
+            cutlass::arch::fence_view_async_shared();
+            __syncwarp();
+            cutlass::arch::NamedBarrier::sync(kMmaThreads, BwdNamedBarrier::kDsSync);
+          }
+        }
         pipeline_q.consumer_wait(read);
         common::wgmma_gemm</*kZeroInit=*/true, /*kWaitGroups=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         pipeline_do.consumer_wait(read);

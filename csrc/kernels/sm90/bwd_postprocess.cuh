@@ -4,6 +4,9 @@
 // fragment order, float4 j of thread t at (j * 128 + t) * 4). So each CTA takes one query block with the main
 // kernel's MMA thread count and dQ MMA: thread t reads back, with coalesced 16-byte loads, exactly what thread t of
 // the main kernel staged, and knows its (row, col) from the same accumulator partition.
+// Varlen (kVarlen): grid (virtual query block, Hq, 1); a CTA converts its sequence's used rows of its block, read
+// from the sequence's workspace rows (bwd_varlen_scheduler.cuh); blocks with no used rows do nothing (the launcher
+// zeroed dq there).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,18 +15,26 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "flashjax/params.h"
+#include "kernels/sm90/bwd_varlen_scheduler.cuh"
 
 namespace flashjax::sm90 {
 
-// Grid: (ceil(seqlen_q / kBlockM), heads_q, batch); Mainloop::kMmaThreads threads.
-template <typename Mainloop>
+// Grid: (ceil(seqlen_q / kBlockM), heads_q, batch), varlen (BwdVarlenSchedulerSm90<kBlockM, queries>::num_blocks,
+// heads_q, 1); Mainloop::kMmaThreads threads.
+template <typename Mainloop, bool kVarlen = false>
 __global__ void __launch_bounds__(Mainloop::kMmaThreads) bwd_postprocess_kernel_sm90(const BwdParams params) {
   using namespace cute;
   using Element = typename Mainloop::Element;
   constexpr int kBlockM = Mainloop::kBlockM;
-  const int m_block = blockIdx.x;
+  using Scheduler = BwdVarlenSchedulerSm90<kBlockM, /*kKeys=*/false>;
+  BwdVarlenBlock seq{};
+  if constexpr (kVarlen) {
+    seq = Scheduler::block(params, blockIdx.x);
+    if (!Scheduler::has_work(seq)) return;
+  }
+  const int m_block = kVarlen ? seq.block : int(blockIdx.x);
   const int head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const int batch = blockIdx.z;  // varlen: 0
   const int thread_in_wg = threadIdx.x % 128;
   typename Mainloop::TiledMmaDq mma_dq;
   const Tensor coords = mma_dq.get_thread_slice(threadIdx.x)
@@ -32,11 +43,13 @@ __global__ void __launch_bounds__(Mainloop::kMmaThreads) bwd_postprocess_kernel_
   static_assert(kValues % 4 == 0);
   const float4* part = reinterpret_cast<const float4*>(
       params.dq_accum +
-      Mainloop::Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, head, m_block) *
+      (Mainloop::Steps::row_offset(params.heads_q, params.seqlen_q_rounded, batch, head, m_block) +
+       (kVarlen ? seq.ws_start : 0)) *
           Mainloop::kHeadDim +
       (threadIdx.x / 128) * Mainloop::kDqPartFloats);
-  const int valid_rows = params.seqlen_q - m_block * kBlockM;
+  const int valid_rows = (kVarlen ? seq.seqlen_q : params.seqlen_q) - m_block * kBlockM;
   auto* dq_block = static_cast<Element*>(params.dq) + batch * params.dq_batch_stride + head * params.dq_head_stride +
+                   (kVarlen ? int64_t(seq.q_start) * params.dq_row_stride : 0) +
                    int64_t(m_block) * kBlockM * params.dq_row_stride;
   cutlass::NumericArrayConverter<Element, float, 2> to_element;
   CUTE_UNROLL
