@@ -43,6 +43,7 @@ FAMILIES = {
     ("sm80", "tangent"): ("kernels/sm80/tangent_launch.cuh", "TangentParams"),
     ("sm90", "fwd"): ("kernels/sm90/fwd_launch.cuh", "FwdParams"),
     ("sm90", "bwd"): ("kernels/sm90/bwd_launch.cuh", "BwdParams"),
+    ("sm90", "tangent"): ("kernels/sm90/tangent_launch.cuh", "TangentParams"),
 }
 # Families that use arch-specific instructions (wgmma, setmaxnreg) compile only for their "a" target; CMake builds
 # them when FLASHJAX_CUDA_ARCHS has it and defines FLASHJAX_HAS_<FAMILY>, which guards their table rows.
