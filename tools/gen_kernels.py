@@ -8,12 +8,12 @@ The table below is the only place that says which kernels exist. Running this sc
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
 Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
-  full    every row of the spec table: 5 (family, direction) pairs x 2 dtypes x 5 head dims, and the sm80 family's
-          99 KB rows (forward 256, backward 96-256, tangent 256) = 62 kernels
+  full    every row of the spec table: 6 (family, direction) pairs x 2 dtypes x 5 head dims, and the sm80 family's
+          99 KB rows (forward 256, backward 96-256, tangent 256) = 72 kernels
   ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once,
           and the sm80 backward's D 256 99 KB row (V in registers, 32-key CTAs)
-  bench   BENCH_SET: the sm90 forward, both backward families and the sm80 tangent, bf16, D 64/128/192/256, for
-          kernel experiments
+  bench   BENCH_SET: the sm90 forward, both backward families and both tangent families, bf16, D 64/128/192/256,
+          for kernel experiments
   none    no kernels (the host code and Python alone; every call then takes the reference)
 
 Each row names three functions of its family's launch.h, defined next to run_<direction> and instantiated with it
@@ -74,14 +74,16 @@ DETERMINISTIC: set[tuple[str, str]] = {("sm90", "bwd")}
 # gives varlen calls only to these rows (the newest family among them wins). The sm80 family takes them as a runtime
 # branch of its kernels (the tangent's scheduler is its forward's), the sm90 forward through a compile-time variant
 # of its kernel (fwd_varlen_scheduler.cuh).
-# The sm90 backward joins once its kernels walk packed sequences; until then varlen's backward is the sm80 one.
+# The sm90 backward and tangent join once their kernels walk packed sequences; until then varlen's backward and
+# tangent are the sm80 ones (the sm90 tangent's launcher refuses packed sequences).
 VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd")}
 
 # The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,
 # direction, dtype, head dim, shared-memory budget in KB or None).)
 CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 256, 99),
-          ("sm80", "tangent", "bf16", 64, 163), ("sm90", "fwd", "bf16", 64, None), ("sm90", "bwd", "bf16", 64, None)}
+          ("sm80", "tangent", "bf16", 64, 163), ("sm90", "fwd", "bf16", 64, None), ("sm90", "bwd", "bf16", 64, None),
+          ("sm90", "tangent", "bf16", 64, None)}
 # The set a Hopper forward experiment needs (bench.py's grid rows: bf16, D 64/128/256, and 192 for
 # `--hdims 192 --hidden 1920`), so that kernel variants rebuild in minutes and are compared with
 # lab/tools/compare_builds.sh. The backward kernels are there because
@@ -90,7 +92,7 @@ CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("
 BENCH_SET = ({(f, d, "bf16", h, b)
                for f, d, b in (("sm90", "fwd", None), ("sm80", "bwd", 163), ("sm80", "tangent", 163))
                for h in (64, 128, 192, 256)}
-             | {("sm90", "bwd", "bf16", h, None) for h in (64, 128, 192, 256)})
+             | {("sm90", d, "bf16", h, None) for d in ("bwd", "tangent") for h in (64, 128, 192, 256)})
 
 
 def spec_table():

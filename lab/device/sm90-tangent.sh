@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Issue 39, sm90 tangent kernel (branch sm90-tangent): the GPU checks and timings of this branch's work, on an H100 or
+# H200 with jax 0.11.2 + CUDA 13, from the repository root, after `tools/device_check.sh build` (the full kernel set
+# for 90a: python/flashjax/libflashjax.so and the sanitizer driver). No network needed. Logs go to $OUT (default
+# /tmp/out); a short summary is printed last.
+#   1. tests/gpu/test_jvp.py (dense jvp / linearize / jacfwd / jvp of grad: on Hopper the sm90 tangent kernel) and
+#      tests/gpu/test_varlen_jvp.py (varlen tangents: still the sm80 kernel);
+#   2. compute-sanitizer memcheck on the sanitizer driver's dense configs (each runs the tangent that dispatch picks:
+#      the sm90 one here), then racecheck and synccheck on a few of them (SANITIZE_RACE="" skips those);
+#   3. bench/bench.py fwd and jvp at D 64/128/256, S 4096, causal and full (issue 39's <= 3x: jvp time / fwd time).
+# STEPS picks steps (default "1 2 3").
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+JOBS=${FLASHJAX_TEST_JOBS:-8}
+declare -a SUMMARY
+STEPS=" ${STEPS:-1 2 3} "
+step() { [[ "$STEPS" == *" $1 "* ]]; }
+note() { SUMMARY+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+$PY -c "import flashjax, jax, jax.numpy as jnp
+q = jax.ShapeDtypeStruct((2, 1000, 8, 128), jnp.bfloat16); k = jax.ShapeDtypeStruct((2, 1000, 2, 128), jnp.bfloat16)
+print(flashjax.explain(q, k, k, causal=True))" > "$OUT/explain.log" 2>&1
+grep -i "tangent" "$OUT/explain.log" | cut -c1-300
+grep -qi "tangent (jax.jvp): sm90 tangent kernel" "$OUT/explain.log" && note "explain: dense tangent on sm90" ||
+  note "explain: dense tangent NOT on sm90 (see $OUT/explain.log)"
+
+if step 1; then
+  timeout "${TEST_TIMEOUT:-900}" $PY -m pytest -q -n "$JOBS" -p no:cacheprovider -rf \
+    tests/gpu/test_jvp.py tests/gpu/test_varlen_jvp.py > "$OUT/jvp_tests.log" 2>&1
+  rc=$?
+  grep -E "^FAILED|FLASHJAX_SWEEP_SEED=" "$OUT/jvp_tests.log" | cut -c1-300 | head -12
+  note "test_jvp + test_varlen_jvp: $(tail -1 "$OUT/jvp_tests.log") (rc $rc)"
+fi
+
+if step 2; then
+  DRIVER=${SANITIZE_DRIVER:-build/device-${FLASHJAX_CUDA_ARCHS:-90a-real}/tests/sanitize/flashjax_sanitize}
+  [ -x "$DRIVER" ] || DRIVER=$(ls -t build/*/tests/sanitize/flashjax_sanitize 2>/dev/null | head -1)
+  SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ -z "$DRIVER" ] || [ ! -x "$DRIVER" ]; then
+    note "sanitize: FAILED, no flashjax_sanitize binary (run tools/device_check.sh build, or set SANITIZE_DRIVER)"
+  else
+    # Dense configs: the --list lines with a "(what)" part; varlen ones have none.
+    mapfile -t DENSE < <("$DRIVER" --list | sed -n 's/^\[\([0-9]*\)\] .*  (.*$/\1/p')
+    ONLY=()
+    for i in "${DENSE[@]}"; do ONLY+=(--only "$i"); done
+    timeout "${SANITIZE_TIMEOUT:-400}" "$SANITIZER" --tool memcheck --error-exitcode 9 "$DRIVER" "${ONLY[@]}" \
+      > "$OUT/memcheck.log" 2>&1
+    rc=$?
+    grep -E "tangent|FAILED|ERROR SUMMARY" "$OUT/memcheck.log" | cut -c1-200 | head -12
+    note "memcheck, ${#DENSE[@]} dense configs: $(grep -c ': ok$' "$OUT/memcheck.log") ok, $(grep -c 'FAILED' \
+      "$OUT/memcheck.log") FAILED, $(grep -m1 'ERROR SUMMARY' "$OUT/memcheck.log") (rc $rc)"
+    for tool in ${SANITIZE_RACE-racecheck synccheck}; do
+      ONLY=()
+      for i in "${DENSE[@]:0:4}"; do ONLY+=(--only "$i"); done
+      timeout "${SANITIZE_TIMEOUT:-400}" "$SANITIZER" --tool "$tool" --error-exitcode 9 "$DRIVER" "${ONLY[@]}" \
+        > "$OUT/$tool.log" 2>&1
+      rc=$?
+      note "$tool, first 4 dense configs: $(grep -m1 'ERROR SUMMARY' "$OUT/$tool.log") (rc $rc)"
+    done
+  fi
+fi
+
+if step 3; then
+  timeout "${BENCH_TIMEOUT:-600}" $PY bench/bench.py --impls flashjax --dirs fwd,jvp \
+    --rows '^d(64|128|256)-s4096-(causal|full)$' > "$OUT/bench.log" 2>&1
+  rc=$?
+  tail -20 "$OUT/bench.log"
+  note "bench fwd,jvp: rc $rc (table in $OUT/bench.log; issue 39 asks jvp <= 3x fwd)"
+fi
+
+echo
+echo "== summary ($(cat "$OUT/gpu.txt"))"
+printf '%s\n' "${SUMMARY[@]}"
