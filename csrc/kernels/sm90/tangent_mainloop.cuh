@@ -311,11 +311,23 @@ struct TangentMainloopSm90 {
     }
   };
 
+  // The pointer, with its value hidden from the compiler: descriptors derived from it are recomputed where used
+  // instead of hoisted out of the key loop. Q's and tQ's are loop-invariant, one 64-bit descriptor per 16-wide
+  // k-slice each: hoisted, that is 4 * D / 16 registers held across the loop (64 at D 256, where ptxas spilled 188
+  // bytes), against a few integer adds per slice and step to rebuild them.
+  template <typename T>
+  __device__ __forceinline__ static T* opaque(T* ptr) {
+    asm volatile("" : "+l"(ptr));
+    return ptr;
+  }
+
   // S = Q K^T, tS = tQ K^T + Q tK^T of the next (K, tK) stage: three wgmma batches, left in flight.
-  template <typename TQ, typename TK>
-  __device__ __forceinline__ static void issue_scores(Consumer& c, PipelineK& pipeline_k, TQ& tSrQ, TQ& tSrTq,
-                                                      TK& tSrK, TK& tSrTk) {
+  template <typename TK>
+  __device__ __forceinline__ static void issue_scores(Consumer& c, PipelineK& pipeline_k, Element* q, Element* tq,
+                                                      int warpgroup, TK& tSrK, TK& tSrTk) {
     using namespace cute;
+    auto tSrQ = c.q_half(opaque(q), warpgroup);
+    auto tSrTq = c.q_half(opaque(tq), warpgroup);
     pipeline_k.consumer_wait(c.read_k);
     const int stage = c.read_k.index();
     common::wgmma_gemm<true, -1>(c.mma_qk, tSrQ, tSrK(_, _, _, stage), c.s);
@@ -367,13 +379,13 @@ struct TangentMainloopSm90 {
   // wait for those, then convert P_t, W_t into their operand registers. Nothing is in flight across the loop's back
   // edge: a wgmma in flight there made ptxas serialize every wgmma (C7514 / C7515: the loop's register copies touch
   // accumulators inside the wgmma pipeline stage).
-  template <bool kMasked, typename TQ, typename TK, typename TV, typename CoordsRC, typename Mask, typename AccO>
-  __device__ __forceinline__ static void step(Consumer& c, PipelineK& pipeline_k, PipelineV& pipeline_v, TQ& tSrQ,
-                                              TQ& tSrTq, TK& tSrK, TK& tSrTk, TV& tOrV, TV& tOrTv,
+  template <bool kMasked, typename TK, typename TV, typename CoordsRC, typename Mask, typename AccO>
+  __device__ __forceinline__ static void step(Consumer& c, PipelineK& pipeline_k, PipelineV& pipeline_v, Element* q,
+                                              Element* tq, int warpgroup, TK& tSrK, TK& tSrTk, TV& tOrV, TV& tOrTv,
                                               const CoordsRC& coords_rc, const Mask& mask, int n_block,
                                               const common::ScoreTransform& transform, float softmax_scale,
                                               const float (&lse_log2)[2], AccO& acc, float (&w_sum)[2]) {
-    issue_scores(c, pipeline_k, tSrQ, tSrTq, tSrK, tSrTk);
+    issue_scores(c, pipeline_k, q, tq, warpgroup, tSrK, tSrTk);
     issue_pv(c, pipeline_v, tOrV, tOrTv, acc);
     cute::warpgroup_wait<2>();  // the three score batches are complete; the two PV batches may still run
     scores_done<kMasked>(c, pipeline_k, coords_rc, mask, n_block, transform, softmax_scale, lse_log2, w_sum);
@@ -393,8 +405,8 @@ struct TangentMainloopSm90 {
                                              const float (&lse_log2)[2], AccO& acc, float (&w_sum)[2]) {
     using namespace cute;
     Consumer c(thread_in_wg);
-    Tensor tSrQ = c.q_half(tensors.q.data(), warpgroup);
-    Tensor tSrTq = c.q_half(tensors.tq.data(), warpgroup);
+    Element* q = tensors.q.data();
+    Element* tq = tensors.tq.data();
     Tensor tSrK = c.k_stages(tensors.k.data());
     Tensor tSrTk = c.k_stages(tensors.tk.data());
     Tensor tOrV = c.vt_stages(tensors.v.data());
@@ -406,7 +418,7 @@ struct TangentMainloopSm90 {
     // Block 0: scores only. It takes the masked path whatever it is (the mask is correct on any block; in visiting
     // order the first block is a masked one whenever the tile has any).
     barriers.q.wait(0);
-    issue_scores(c, pipeline_k, tSrQ, tSrTq, tSrK, tSrTk);
+    issue_scores(c, pipeline_k, q, tq, warpgroup, tSrK, tSrTk);
     warpgroup_wait<0>();
     scores_done<true>(c, pipeline_k, coords_rc, mask, blocks.block_at(0), transform, softmax_scale, lse_log2, w_sum);
     common::convert_fragment_into(c.s, c.p);
@@ -416,12 +428,12 @@ struct TangentMainloopSm90 {
     const int num_masked = blocks.num_masked();
     CUTE_NO_UNROLL
     for (int t = 1; t < num_masked; ++t) {
-      step<true>(c, pipeline_k, pipeline_v, tSrQ, tSrTq, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
+      step<true>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
                  blocks.block_at(t), transform, softmax_scale, lse_log2, acc, w_sum);
     }
     CUTE_NO_UNROLL
     for (int t = num_masked > 1 ? num_masked : 1; t < num_blocks; ++t) {
-      step<false>(c, pipeline_k, pipeline_v, tSrQ, tSrTq, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
+      step<false>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
                   blocks.block_at(t), transform, softmax_scale, lse_log2, acc, w_sum);
     }
     issue_pv(c, pipeline_v, tOrV, tOrTv, acc);
