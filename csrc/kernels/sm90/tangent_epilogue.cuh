@@ -19,7 +19,7 @@
 namespace flashjax::sm90 {
 
 // Named barrier ids of the tangent kernel (after CUTLASS's reserved ones): one per consumer warpgroup, its 128
-// threads' t_out writes done before the TMA store reads them.
+// threads' hand-offs of the Q half (mainloop done before the O load; t_out written before the TMA store reads it).
 struct TangentNamedBarrier {
   __device__ static constexpr uint32_t epilogue(int warpgroup) { return warpgroup; }
 };
@@ -99,6 +99,8 @@ struct TangentEpilogueSm90 {
     using namespace cute;
     Tensor s_o = make_tensor(make_smem_ptr(smem_q_half), SmemLayoutO{});
     const int half = m_block * kConsumerWarpgroups + warpgroup;
+    // Every warp of the warpgroup is past its last wgmma wait (the mainloop's) before TMA overwrites the Q half.
+    cutlass::arch::NamedBarrier::sync(128, TangentNamedBarrier::epilogue(warpgroup));
     if (thread_in_wg == 0) {
       barrier_o.arrive_and_expect_tx(kTmaBytesOHalf);
       Tensor g_o = local_tile(params.tma_o.get_tma_tensor(params.shape_o)(_, _, head_q, batch),

@@ -164,7 +164,8 @@ struct TangentMainloopSm90 {
   };
 
   // ---- Producer side: warp 0 loads Q, tQ and the (K, tK) stages, warp 1 the (V, tV) stages; one lane (`leader`,
-  // the pipeline's is_leader) issues, the whole warp walks the loop. Called only for a tile with blocks.
+  // the pipeline's is_leader: it also arms each stage's full barrier) issues, the others return at once (the CTA has
+  // one tile, so no pipeline state outlives the call). Called only for a tile with blocks.
 
   // K/V and their tangents are re-read by every query tile of the head (and every query head of a GQA group): kept
   // in L2 (EVICT_LAST); Q and tQ are read by this tile only.
