@@ -14,15 +14,10 @@
 
 #include "flashjax/params.h"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/sm90/tangent_named_barriers.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
-
-// Named barrier ids of the tangent kernel (after CUTLASS's reserved ones): one per consumer warpgroup, its 128
-// threads' hand-offs of the Q half (mainloop done before the O load; t_out written before the TMA store reads it).
-struct TangentNamedBarrier {
-  __device__ static constexpr uint32_t epilogue(int warpgroup) { return warpgroup; }
-};
 
 template <typename Mainloop>
 struct TangentEpilogueSm90 {

@@ -26,6 +26,7 @@
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/common/softcap.cuh"
+#include "kernels/sm90/tangent_named_barriers.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
@@ -312,6 +313,27 @@ struct TangentMainloopSm90 {
     }
   };
 
+  // Ping-pong (kPingPong): the two warpgroups take turns issuing their GEMMs, so that one's P / W work overlaps the
+  // other's GEMMs instead of both computing while the tensor cores idle; the forward's scheme (fwd_mainloop.cuh's
+  // take_turn / pass_turn). Both warpgroups walk the same blocks, so they take the same number of turns (one per
+  // block and one for the last PV GEMMs); warpgroup 0 takes the first (start_turns) and the last turn's grant is
+  // left unclaimed as in the forward. A turn covers issuing only: no wait for another warpgroup's data happens
+  // inside one except the pipelines' stage waits, whose releases never need a turn, so the round cannot deadlock.
+  static constexpr bool kPingPong = true;
+  __device__ __forceinline__ static void start_turns(int warpgroup) {
+    if (kPingPong && warpgroup == 0) {
+      cutlass::arch::NamedBarrier::arrive(2 * 128, TangentNamedBarrier::ping_pong(0));
+    }
+  }
+  __device__ __forceinline__ static void take_turn(int warpgroup) {
+    if constexpr (kPingPong) cutlass::arch::NamedBarrier::sync(2 * 128, TangentNamedBarrier::ping_pong(warpgroup));
+  }
+  __device__ __forceinline__ static void pass_turn(int warpgroup) {
+    if constexpr (kPingPong) {
+      cutlass::arch::NamedBarrier::arrive(2 * 128, TangentNamedBarrier::ping_pong(1 - warpgroup));
+    }
+  }
+
   // The pointer, with its value hidden from the compiler: descriptors derived from it are recomputed where used
   // instead of hoisted out of the key loop. Q's and tQ's are loop-invariant, one 64-bit descriptor per 16-wide
   // k-slice each: hoisted, that is 4 * D / 16 registers held across the loop (64 at D 256, where ptxas spilled 188
@@ -386,8 +408,10 @@ struct TangentMainloopSm90 {
                                               const CoordsRC& coords_rc, const Mask& mask, int n_block,
                                               const common::ScoreTransform& transform, float softmax_scale,
                                               const float (&lse_log2)[2], AccO& acc, float (&w_sum)[2]) {
+    take_turn(warpgroup);
     issue_scores(c, pipeline_k, q, tq, warpgroup, tSrK, tSrTk);
     issue_pv(c, pipeline_v, tOrV, tOrTv, acc);
+    pass_turn(warpgroup);
     cute::warpgroup_wait<2>();  // the three score batches are complete; the two PV batches may still run
     scores_done<kMasked>(c, pipeline_k, coords_rc, mask, n_block, transform, softmax_scale, lse_log2, w_sum);
     wait_for_pv(c, pipeline_v, acc);
@@ -419,7 +443,10 @@ struct TangentMainloopSm90 {
     // Block 0: scores only. It takes the masked path whatever it is (the mask is correct on any block; in visiting
     // order the first block is a masked one whenever the tile has any).
     barriers.q.wait(0);
+    start_turns(warpgroup);
+    take_turn(warpgroup);
     issue_scores(c, pipeline_k, q, tq, warpgroup, tSrK, tSrTk);
+    pass_turn(warpgroup);
     warpgroup_wait<0>();
     scores_done<true>(c, pipeline_k, coords_rc, mask, blocks.block_at(0), transform, softmax_scale, lse_log2, w_sum);
     common::convert_fragment_into(c.s, c.p);
@@ -437,7 +464,9 @@ struct TangentMainloopSm90 {
       step<false>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
                   blocks.block_at(t), transform, softmax_scale, lse_log2, acc, w_sum);
     }
+    take_turn(warpgroup);
     issue_pv(c, pipeline_v, tOrV, tOrTv, acc);
+    pass_turn(warpgroup);
     wait_for_pv(c, pipeline_v, acc);
   }
 };
