@@ -10,12 +10,14 @@
 //           warp 0;
 //   V, tV:  a kStagesV-deep ring fed by producer warp 1 (two warps, so that neither ring's loads queue behind the
 //           other's stage releases, as in the forward: fwd_mainloop.cuh).
-// Consumer step t (block b(t) = blocks.block_at(t), masked blocks first as in the forward):
-//   wait for S_t, tS_t (issued one step earlier), release K stage; P_t, W_t in registers; [release V stage t - 1]
-//   issue acc += W_t V_t + P_t tV_t (RS), then S_{t+1} = Q K^T, tS_{t+1} = tQ K^T + Q tK^T (SS), all in flight
-// so the tensor cores see one step's PV GEMMs and the next step's score GEMMs back to back while the other warpgroup
-// computes its P and W. Rows past Sq and keys past Sk are TMA's zero fill: finite scores, hidden by lse = +inf
-// (rows) and the band mask (keys, bounded by Sk), and zero V / tV rows, so 0 * V is 0, never NaN.
+// Consumer steps (block b(t) = blocks.block_at(t), masked blocks first as in the forward):
+//   block 0      issue S_0 = Q K^T, tS_0 = tQ K^T + Q tK^T (SS); wait; release the K stage; P_0, W_0 in registers
+//   step t >= 1  issue S_t, tS_t and acc += W_{t-1} V_{t-1} + P_{t-1} tV_{t-1} (RS); wait for the scores only,
+//                release their K stage and form P_t, W_t while the PV GEMMs run; wait for those, release the V stage
+//   tail         issue acc += W_{n-1} V_{n-1} + P_{n-1} tV_{n-1}; wait; release the V stage
+// Each issue happens on the warpgroup's ping-pong turn, so that one warpgroup's P / W work overlaps the other's
+// GEMMs. Rows past Sq and keys past Sk are TMA's zero fill: finite scores, hidden by lse = +inf (rows) and the band
+// mask (keys, bounded by Sk), and zero V / tV rows, so 0 * V is 0, never NaN.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -397,7 +399,7 @@ struct TangentMainloopSm90 {
                                w_sum);
   }
 
-  // Step t >= 1, the forward's overlap (fwd_mainloop.cuh's steady_step without the ping-pong): issue S_t, tS_t and
+  // Step t >= 1, the forward's overlap (fwd_mainloop.cuh's steady_step): on the warpgroup's turn issue S_t, tS_t and
   // acc += W_{t-1} V_{t-1} + P_{t-1} tV_{t-1}; wait for the score GEMMs only, form P_t, W_t while the PV GEMMs run;
   // wait for those, then convert P_t, W_t into their operand registers. Nothing is in flight across the loop's back
   // edge: a wgmma in flight there made ptxas serialize every wgmma (C7514 / C7515: the loop's register copies touch
