@@ -24,8 +24,9 @@ constexpr int tangent_tile_smem_bytes(const TangentTileSizes& t, int head_dim) {
 //   D <= 128: 64 keys:  D / 2 + 96 = 128 .. 160 values;  128 keys would need 224 at D 64 (no room for addresses);
 //   D 192, 256: 32 keys: 96 / 128 + 48 = 144 / 176;      64 keys would need 192 / 224.
 // Stages: as many as fit 227 KB less 1 KB (barriers, alignment), K's ring at least as deep as V's (the score GEMMs
-// wait on K first). D 64: 3 + 3 (128 KB, more measured no faster on other kernels: left at 3), D 96: 3 + 3
-// (192 KB), D 128: 3 + 2 (224 KB), D 192: 3 + 2 (216 KB), D 256: 2 + 1 (224 KB).
+// wait on K first), six at most (D 64 would fit more; not measured). Tiles: D 64: 3 + 3 (128 KB), D 96: 3 + 3
+// (192 KB), D 128: 3 + 2 (224 KB), D 192: 3 + 2 (216 KB), D 256: 2 + 1 (224 KB); the kernels' dynamic shared memory
+// with alignment and barriers (tools/check_compile.sh sm90 tangent): 129, 193, 225, 217 and 225 KB.
 constexpr TangentTileSizes tangent_tile_sizes(int head_dim) {
   const int block_n = head_dim <= 128 ? 64 : 32;
   constexpr int kBudget = 226 * 1024;
