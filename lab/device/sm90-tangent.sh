@@ -9,7 +9,7 @@
 #      tangent that dispatch picks, the sm90 one here, and checks it against float64), then racecheck and synccheck on
 #      two of them (SANITIZE_RACE="" skips those);
 #   3. bench/bench.py fwd and jvp at D 64/128/256, S 4096, causal and full (issue 39's <= 3x: jvp time / fwd time).
-# STEPS picks steps (default "1 2 3").
+# STEPS picks steps (default "0 1 2 3"; 0 is a one-call smoke test whose failure skips the rest unless FORCE=1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
@@ -18,7 +18,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
 JOBS=${FLASHJAX_TEST_JOBS:-8}
 declare -a SUMMARY
-STEPS=" ${STEPS:-1 2 3} "
+STEPS=" ${STEPS:-0 1 2 3} "
 step() { [[ "$STEPS" == *" $1 "* ]]; }
 note() { SUMMARY+=("$1"); echo "== $1"; }
 
@@ -30,8 +30,36 @@ grep -i "tangent" "$OUT/explain.log" | cut -c1-300
 grep -qi "tangent (jax.jvp): sm90 tangent kernel" "$OUT/explain.log" && note "explain: dense tangent on sm90" ||
   note "explain: dense tangent NOT on sm90 (see $OUT/explain.log)"
 
+# 0. Smoke: one small jvp (causal, GQA, D 128, ragged) against the reference under a short timeout, so that a hang or
+#    a crash of the new kernel costs two minutes, not the whole budget: the later steps are skipped if it fails.
+if step 0; then
+  timeout 180 $PY - > "$OUT/smoke.log" 2>&1 <<'PY'
+import jax, jax.numpy as jnp, numpy as np, flashjax
+rng = np.random.default_rng(0)
+def arr(*shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+q, k, v = arr(2, 300, 8, 128), arr(2, 517, 2, 128), arr(2, 517, 2, 128)
+tq, tk, tv = arr(2, 300, 8, 128), arr(2, 517, 2, 128), arr(2, 517, 2, 128)
+def run(backend):
+    f = lambda q, k, v: flashjax.flash_attn(q, k, v, causal=True, backend=backend)
+    return jax.jit(lambda p, t: jax.jvp(f, p, t))((q, k, v), (tq, tk, tv))
+(_, t_kernel), (_, t_ref) = run("kernel"), run("reference")
+a, b = np.asarray(t_kernel, np.float64), np.asarray(t_ref, np.float64)
+err = np.linalg.norm(a - b) / np.linalg.norm(b)
+print(f"smoke: jvp tangent rel err {err:.3e}, finite {np.isfinite(a).all()}")
+assert np.isfinite(a).all() and err < 3e-2, err  # test_jvp: 2e-2 against f32; this reference is bf16 out
+PY
+  rc=$?
+  tail -1 "$OUT/smoke.log"
+  note "smoke jvp: rc $rc"
+  if [ $rc -ne 0 ]; then
+    tail -5 "$OUT/smoke.log"
+    [ -z "${FORCE:-}" ] && STEPS=" "  # FORCE=1 runs the later steps anyway
+  fi
+fi
+
 if step 1; then
-  timeout "${TEST_TIMEOUT:-900}" $PY -m pytest -q -n "$JOBS" -p no:cacheprovider -rf \
+  timeout "${TEST_TIMEOUT:-600}" $PY -m pytest -q -n "$JOBS" -p no:cacheprovider -rf \
     tests/gpu/test_jvp.py tests/gpu/test_varlen_jvp.py > "$OUT/jvp_tests.log" 2>&1
   rc=$?
   grep -E "^FAILED|FLASHJAX_SWEEP_SEED=" "$OUT/jvp_tests.log" | cut -c1-300 | head -12
@@ -53,7 +81,7 @@ if step 2; then
     RACE=("${DENSE[0]}" $(grep "tangent D 256" "$OUT/sanitize_list.txt" | sed -n 's/^\[\([0-9]*\)\].*/\1/p'))
     ONLY=()
     for i in "${DENSE[@]}"; do ONLY+=(--only "$i"); done
-    timeout "${SANITIZE_TIMEOUT:-400}" "$SANITIZER" --tool memcheck --error-exitcode 9 "$DRIVER" "${ONLY[@]}" \
+    timeout "${SANITIZE_TIMEOUT:-300}" "$SANITIZER" --tool memcheck --error-exitcode 9 "$DRIVER" "${ONLY[@]}" \
       > "$OUT/memcheck.log" 2>&1
     rc=$?
     grep -E "tangent|FAILED|ERROR SUMMARY" "$OUT/memcheck.log" | cut -c1-200 | head -12
