@@ -7,11 +7,12 @@
 # Usage: tools/check_compile.sh FAMILY DIRECTION [bf16|fp16] [head_dim[:smem_kb] ...]
 #   e.g. tools/check_compile.sh sm80 bwd bf16 64 128 128:99   (128:99: the sm80 row whose tiles fit 99 KB; a plain
 #   head dim is the family's first budget, gen_kernels.py's SMEM_BUDGETS); tools/check_compile.sh sm80 tangent bf16
-#   64 256 256:99 for the tangent kernel (jax.jvp)
+#   64 256 256:99 for the tangent kernel (jax.jvp); tools/check_compile.sh sm90 tangent bf16 64 128 256 for the
+#   Hopper one
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 family="${1:?family (sm80, sm90)}"
-direction="${2:?direction (fwd, bwd, tangent: the sm80 family only)}"
+direction="${2:?direction (fwd, bwd, tangent)}"
 dtype="${3:-bf16}"
 shift $(( $# < 3 ? $# : 3 ))
 head_dims=("$@")
@@ -74,6 +75,19 @@ int main() {
   print_config<FwdKeyLoad::kMany>("many keys");
   print_config<FwdKeyLoad::kFewShortBand>("short band");
   std::printf("   dispatch figure (fwd_smem_bytes): %d bytes\\n", flashjax::sm90::fwd_smem_bytes<$element, $hdim>());
+}
+CU
+    "$nvcc" "${flags[@]}" -gencode=arch=compute_90a,code=sm_90a "$work/smem_size.cu" -o "$work/smem_size"
+    "$work/smem_size"
+  fi
+  if [ "$family" = sm90 ] && [ "$direction" = tangent ]; then
+    cat >"$work/smem_size.cu" <<CU
+#include <cstdio>
+#include "kernels/sm90/tangent_launch.cuh"
+int main() {
+  constexpr flashjax::sm90::TangentTileSizes kTile = flashjax::sm90::tangent_tile_sizes($hdim);
+  std::printf("   tile %d x %d, %d (K, tK) + %d (V, tV) stages: dynamic smem %d bytes (limit 232448)\n", kTile.block_m,
+              kTile.block_n, kTile.stages_k, kTile.stages_v, flashjax::sm90::tangent_smem_bytes<$element, $hdim>());
 }
 CU
     "$nvcc" "${flags[@]}" -gencode=arch=compute_90a,code=sm_90a "$work/smem_size.cu" -o "$work/smem_size"

@@ -8,12 +8,12 @@ The table below is the only place that says which kernels exist. Running this sc
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
 Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
-  full    every row of the spec table: 5 (family, direction) pairs x 2 dtypes x 5 head dims, and the sm80 family's
-          99 KB rows (forward 256, backward 96-256, tangent 256) = 62 kernels
+  full    every row of the spec table: 6 (family, direction) pairs x 2 dtypes x 5 head dims, and the sm80 family's
+          99 KB rows (forward 256, backward 96-256, tangent 256) = 72 kernels
   ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once,
           and the sm80 backward's D 256 99 KB row (V in registers, 32-key CTAs)
-  bench   BENCH_SET: the sm90 forward, both backward families and the sm80 tangent, bf16, D 64/128/192/256, for
-          kernel experiments
+  bench   BENCH_SET: the sm90 forward, both backward families and both tangent families, bf16, D 64/128/192/256,
+          for kernel experiments
   none    no kernels (the host code and Python alone; every call then takes the reference)
 
 Each row names three functions of its family's launch.h, defined next to run_<direction> and instantiated with it
@@ -43,6 +43,7 @@ FAMILIES = {
     ("sm80", "tangent"): ("kernels/sm80/tangent_launch.cuh", "TangentParams"),
     ("sm90", "fwd"): ("kernels/sm90/fwd_launch.cuh", "FwdParams"),
     ("sm90", "bwd"): ("kernels/sm90/bwd_launch.cuh", "BwdParams"),
+    ("sm90", "tangent"): ("kernels/sm90/tangent_launch.cuh", "TangentParams"),
 }
 # Families that use arch-specific instructions (wgmma, setmaxnreg) compile only for their "a" target; CMake builds
 # them when FLASHJAX_CUDA_ARCHS has it and defines FLASHJAX_HAS_<FAMILY>, which guards their table rows.
@@ -87,7 +88,8 @@ MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fw
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,
 # direction, dtype, head dim, shared-memory budget in KB or None).)
 CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 256, 99),
-          ("sm80", "tangent", "bf16", 64, 163), ("sm90", "fwd", "bf16", 64, None), ("sm90", "bwd", "bf16", 64, None)}
+          ("sm80", "tangent", "bf16", 64, 163), ("sm90", "fwd", "bf16", 64, None), ("sm90", "bwd", "bf16", 64, None),
+          ("sm90", "tangent", "bf16", 64, None)}
 # The set a Hopper forward experiment needs (bench.py's grid rows: bf16, D 64/128/256, and 192 for
 # `--hdims 192 --hidden 1920`), so that kernel variants rebuild in minutes and are compared with
 # lab/tools/compare_builds.sh. The backward kernels are there because
@@ -96,7 +98,7 @@ CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("
 BENCH_SET = ({(f, d, "bf16", h, b)
                for f, d, b in (("sm90", "fwd", None), ("sm80", "bwd", 163), ("sm80", "tangent", 163))
                for h in (64, 128, 192, 256)}
-             | {("sm90", "bwd", "bf16", h, None) for h in (64, 128, 192, 256)})
+             | {("sm90", d, "bf16", h, None) for d in ("bwd", "tangent") for h in (64, 128, 192, 256)})
 
 
 def spec_table():

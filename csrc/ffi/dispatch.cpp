@@ -97,7 +97,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                      const std::vector<KernelEntry>& table, int32_t smem_per_block_optin, bool explain) {
   Choice choice;
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
-  // and tangent, the sm90 forward and backward; so on Hopper the forward and backward are sm90's, the tangent sm80's.
+  // and tangent, the sm90 forward and backward; so on Hopper a varlen call's forward and backward are sm90's, its
+  // tangent sm80's (dense tangents run on the sm90 tangent kernel there).
   // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward and
   // backward, the sm90 forward; so on Hopper the forward is sm90's, the backward sm80's. Not with varlen (b would be
   // the sequence, the indices sequence-local) nor in the tangent (jax.jvp of a mask-mod call evaluates the
@@ -182,10 +183,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                          ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
                                " takes packed sequences on this sm_" + std::to_string(device_sm) +
                                " device; the sm90 family's forward and backward do, its tangent not yet)"
-                     : problem.direction == Direction::kTangent
-                         ? " (the tangent is the portable sm80 family's on every device, Hopper included: no sm90 "
-                           "tangent kernel yet)"
-                         : " (the newest family this sm_" + std::to_string(device_sm) + " device runs)");
+                     : " (the newest family this sm_" + std::to_string(device_sm) + " device runs)");
     if (too_big != nullptr && family_min_sm(too_big->family) > family_min_sm(choice.kernel->family)) {
       choice.reason += std::string("; the ") + too_big->family + " kernel needs " + kb(too_big->smem_bytes) +
                        " of shared memory per block, more than sm_" + std::to_string(device_sm) + " allows (" +

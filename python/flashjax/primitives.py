@@ -10,10 +10,10 @@ The kernels AND them with the band (the flashjax_*_mask_mod targets); the refere
 (`unpack_mask_bits`). They are integer data: never differentiated.
 
 fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
-backward kernels only, and jax.jvp evaluates `tangent` (the fused sm80 tangent kernel, flashjax_tangent, where the plan
-has one for the call; the reference's tangent otherwise). bwd's JVP rule (jvp of grad: forward-over-reverse) takes the
-primal from the backward kernel and the tangent from the reference backward's JVP. Not jax.custom_vjp, which would
-forbid forward mode. Inputs reach these primitives already validated
+backward kernels only, and jax.jvp evaluates `tangent` (the fused tangent kernel, flashjax_tangent: sm90 on Hopper,
+sm80 elsewhere, where the plan has one for the call; the reference's tangent otherwise). bwd's JVP rule (jvp of grad:
+forward-over-reverse) takes the primal from the backward kernel and the tangent from the reference backward's JVP. Not
+jax.custom_vjp, which would forbid forward mode. Inputs reach these primitives already validated
 and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False
 (the CUDA lowering then leaves it out of the FFI call, as it does bwd's dlse when has_dlse is False). The
 workspace of a kernel (the split forward's parts, the backward's accumulators) exists only inside the CUDA lowering,
@@ -173,10 +173,10 @@ _TANGENT_FFI_ORDER = (0, 1, 2, 4, 5, 6, 7, 8, 3, 9)  # q, k, v, out, lse, tq, tk
 
 
 def _tangent_lowering(ctx, *args, **params):
-    """The tangent's FFI call (flashjax_tangent: the sm80 tangent kernel, design §3.6) where the plan has a tangent
-    kernel for the call; else the reference's tangent, lowered in its place, so that jax.jvp of a kernel call always
-    runs (the primal and the reverse mode stay on their kernels either way). A mask mod's tangent is the reference's
-    (no tangent kernel takes mask bits: the plan says so)."""
+    """The tangent's FFI call (flashjax_tangent: the sm90 or sm80 tangent kernel, design §3.6-3.7) where the plan has
+    a tangent kernel for the call; else the reference's tangent, lowered in its place, so that jax.jvp of a kernel call
+    always runs (the primal and the reverse mode stay on their kernels either way). A mask mod's tangent is the
+    reference's (no tangent kernel takes mask bits: the plan says so)."""
     plan = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)
     if plan.get("tangent", {}).get("family") is None:
         return mlir.lower_fun(_reference_tangent, multiple_results=True)(ctx, *args, **params)

@@ -7,7 +7,7 @@ namespace flashjax {
 namespace {
 
 // Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward and
-// backward (the sm90 family has no tangent row); mask mods on the sm80 forward and backward and the sm90 forward.
+// backward (not the sm90 tangent); mask mods on the sm80 forward and backward and the sm90 forward.
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
   const bool varlen = !(sm90 && d == Direction::kTangent);
@@ -126,18 +126,30 @@ TEST_F(ChooseKernel, HopperTakesTheSm90BackwardAtEveryHeadDim) {
   }
 }
 
-// The tangent (jax.jvp) is the sm80 family's on every device, Hopper included, varlen too; explain says so.
-TEST_F(ChooseKernel, TheTangentIsTheSm80FamilysOnEveryDevice) {
+// The tangent (jax.jvp): the sm90 family's on Hopper for dense calls, the sm80 family's elsewhere and for varlen
+// calls everywhere (the sm90 tangent row takes no packed sequences); explain says which.
+TEST_F(ChooseKernel, TheTangentIsTheSm90FamilysOnHopperAndTheSm80FamilysElsewhere) {
   std::vector<KernelEntry> rows = table;
   rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128, 96 * 1024));
+  rows.push_back(entry("sm90", Direction::kTangent, DType::kBFloat16, 128, 224 * 1024));
   for (const int sm : {80, 86, 89, 90}) {  // the devices this table's archs (80-real, 90a-real) run
-    const Choice c = choose_kernel(sm, archs, key(Direction::kTangent, DType::kBFloat16, 128), rows);
+    const Choice c = choose_kernel(sm, archs, key(Direction::kTangent, DType::kBFloat16, 128), rows,
+                                   /*smem_per_block_optin=*/0, /*explain=*/true);
     ASSERT_NE(c.kernel, nullptr) << sm << ": " << c.reason;
-    EXPECT_STREQ(c.kernel->family, "sm80") << sm;
+    const char* family = sm == 90 ? "sm90" : "sm80";
+    EXPECT_STREQ(c.kernel->family, family) << sm;
     EXPECT_EQ(c.kernel->direction, Direction::kTangent);
-    EXPECT_NE(c.reason.find("sm80 tangent kernel, bf16, head dim 128"), std::string::npos) << c.reason;
-    EXPECT_NE(c.reason.find("no sm90 tangent kernel yet"), std::string::npos) << c.reason;
+    EXPECT_NE(c.reason.find(std::string(family) + " tangent kernel, bf16, head dim 128"), std::string::npos)
+        << c.reason;
+    EXPECT_NE(c.reason.find("the newest family this sm_" + std::to_string(sm) + " device runs"), std::string::npos)
+        << c.reason;
   }
+  // A device whose per-block limit is below the sm90 row's takes the sm80 row, and explain names the reason.
+  const Choice small = choose_kernel(90, archs, key(Direction::kTangent, DType::kBFloat16, 128), rows,
+                                    /*smem_per_block_optin=*/200 * 1024, /*explain=*/true);
+  ASSERT_NE(small.kernel, nullptr) << small.reason;
+  EXPECT_STREQ(small.kernel->family, "sm80");
+  EXPECT_NE(small.reason.find("the sm90 kernel needs 224 KB"), std::string::npos) << small.reason;
   ProblemKey varlen = key(Direction::kTangent, DType::kBFloat16, 128);
   varlen.varlen = true;
   const Choice packed = choose_kernel(90, archs, varlen, rows, /*smem_per_block_optin=*/0, /*explain=*/true);

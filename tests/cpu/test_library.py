@@ -33,7 +33,7 @@ def test_build_info_describes_the_build():
     if info["kernel_set"] == "ci":
         expected = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent")}
         if any(a.startswith("90a") for a in info["cuda_archs"]):  # the Hopper family compiles for sm_90a only
-            expected |= {("sm90", "fwd"), ("sm90", "bwd")}
+            expected |= {("sm90", "fwd"), ("sm90", "bwd"), ("sm90", "tangent")}
         assert {(k["family"], k["direction"]) for k in info["kernels"]} == expected
 
 
@@ -110,21 +110,26 @@ def test_mask_mods_take_the_newest_family_that_reads_the_bits():
         assert [b["shape"] for b in fwd["workspace"]] == [[2, 8, 3, 4 * (4 + 2) + 4]], fwd["workspace"]
 
 
-def test_the_tangent_is_the_sm80_familys_on_every_gpu():
-    # Forward mode (issue 39): the sm80 tangent kernel on every device with its code, Hopper included, varlen too.
+def test_the_tangent_is_the_sm90_familys_on_hopper_and_the_sm80_familys_elsewhere():
+    # Forward mode (issue 39): dense tangents on the sm90 tangent kernel on Hopper where the build has it, on the sm80
+    # one on every other device with its code; varlen tangents on the sm80 one everywhere.
     info = _ffi.build_info()
-    compiled = any(k["family"] == "sm80" and k["direction"] == "tangent" and k["dtype"] == "bf16"
+
+    def compiled(family):
+        return any(k["family"] == family and k["direction"] == "tangent" and k["dtype"] == "bf16"
                    and k["head_dim"] == 64 for k in info["kernels"])
     for sm in (80, 86, 89, 90, 100, 120):
         tangent = _plan(sm)["tangent"]
         assert tangent["workspace"] == []
         if tangent["family"] is None:  # only where the build lacks the row or code for the device
-            assert not compiled or "holds no code for" in tangent["reason"], (sm, tangent)
-        else:
-            assert tangent["family"] == "sm80", (sm, tangent)
-            assert tangent["reason"].startswith("sm80 tangent kernel, bf16, head dim 64"), tangent["reason"]
-            assert "no sm90 tangent kernel yet" in tangent["reason"]
-            assert tangent["block_m"] == 64 and tangent["block_n"] == 64, tangent
+            assert not compiled("sm80") or "holds no code for" in tangent["reason"], (sm, tangent)
+            continue
+        family = "sm90" if sm == 90 and compiled("sm90") else "sm80"
+        assert tangent["family"] == family, (sm, tangent)
+        assert tangent["reason"].startswith(f"{family} tangent kernel, bf16, head dim 64"), tangent["reason"]
+        block_m = 128 if family == "sm90" else 64
+        assert tangent["block_m"] == block_m and tangent["block_n"] == 64, tangent
+    compiled = compiled("sm80")
     varlen = _plan(90, varlen=True)["tangent"]
     if compiled:
         assert varlen["family"] == "sm80" and "varlen" in varlen["reason"], varlen

@@ -1,8 +1,9 @@
 """Forward mode on the kernels (issue 39): jax.jvp, jax.linearize, jax.jacfwd, jvp of grad and vmap of jvp of
 flash_attn against the reference, with random tangents for every input (sinks included).
 
-The tangent runs on the sm80 tangent kernel (flashjax_tangent) on every GPU; the jvp of the backward (forward over
-reverse) takes its primal from the backward kernel and its tangent from the reference backward's JVP
+The tangent (flashjax_tangent) runs on the sm90 tangent kernel on Hopper (the sm80 one with
+FLASHJAX_DISABLE_FAMILIES=sm90) and on the sm80 one on every other GPU; the jvp of the backward (forward over reverse)
+takes its primal from the backward kernel and its tangent from the reference backward's JVP
 (primitives._bwd_jvp). Errors are relative by norm against the f32 reference on the same rounded inputs; the
 tangents get the gradients' tolerance (twice the forward's, docs/design.md §5), jvp of grad four times it.
 """
@@ -95,6 +96,10 @@ def _small(seed, dtype=jnp.bfloat16, b=1, sq=13, sk=21, hq=4, hk=2, d=16):
                  for s in ((b, sq, hq, d), (b, sk, hk, d), (b, sk, hk, d)))
 
 
+def _hopper():
+    return getattr(jax.devices()[0], "compute_capability", None) == "9.0"
+
+
 def _rel(got, want):
     return sweep.rel_err(np.asarray(got, np.float64), np.asarray(want, np.float64))
 
@@ -105,7 +110,9 @@ def test_the_jvp_lowers_to_the_tangent_kernel_and_explain_names_it():
     text = jax.jit(lambda p, t: jax.jvp(f, p, t)).lower((q, k, v), (q, k, v)).as_text()
     assert "flashjax_tangent" in text
     explained = flashjax.explain(q, k, v, causal=True)
-    assert re.search(r"tangent \(jax\.jvp\): sm80 tangent kernel", explained), explained
+    # Hopper: the sm90 tangent kernel (unless FLASHJAX_DISABLE_FAMILIES=sm90); every other GPU: the sm80 one.
+    family = "sm90" if _hopper() and "sm90" not in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "") else "sm80"
+    assert re.search(rf"tangent \(jax\.jvp\): {family} tangent kernel", explained), explained
 
 
 def test_linearize_matches_jvp():

@@ -65,6 +65,16 @@ set(FLASHJAX_SM90_SOURCES_FULL
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_fp16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_fp16_hdim96.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_fp16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_fp16_hdim192.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_fp16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim96.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim192.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim256.cu
 )
 set(FLASHJAX_SM90_ARCH 90a)
 set(FLASHJAX_KERNEL_SOURCES_CI
@@ -76,6 +86,7 @@ set(FLASHJAX_KERNEL_SOURCES_CI
 set(FLASHJAX_SM90_SOURCES_CI
   ${CMAKE_CURRENT_LIST_DIR}/sm90_fwd_bf16_hdim64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim64.cu
 )
 set(FLASHJAX_KERNEL_SOURCES_BENCH
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim64.cu
@@ -96,4 +107,8 @@ set(FLASHJAX_SM90_SOURCES_BENCH
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim192.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim256.cu
 )

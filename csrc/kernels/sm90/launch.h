@@ -38,4 +38,15 @@ FamilyChoices bwd_choices(const AttnShape& shape, const ChoiceQuery& query);
 template <typename Element, int kHeadDim>
 int bwd_smem_bytes();
 
+// The Hopper tangent (jax.jvp; tangent_launch.cuh): one warp-specialized TMA + wgmma kernel, dense calls only (varlen
+// tangents run on the sm80 family). Same contract as run_fwd.
+template <typename Element, int kHeadDim>
+cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+FamilyChoices tangent_choices(const AttnShape& shape, const ChoiceQuery& query);
+
+template <typename Element, int kHeadDim>
+int tangent_smem_bytes();
+
 }  // namespace flashjax::sm90

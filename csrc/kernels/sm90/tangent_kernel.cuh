@@ -1,0 +1,159 @@
+// The sm90 tangent kernel (jax.jvp of attention, issue 39): TMA + wgmma + warp specialization, wiring the sm80
+// tangent's tile scheduler (one CTA per (batch, query head, 128-row block), the last block of a head first, so the
+// causal band's longest tiles start first), the forward's band (kernels/common/band_mask.cuh), the tangent mainloop
+// (tangent_mainloop.cuh) and epilogue (tangent_epilogue.cuh).
+//
+// CTA = 3 warpgroups:
+//   warpgroup 0, producer: gives registers back (setmaxnreg.dec); warp 0 issues the TMA loads of Q, tQ and the
+//     (K, tK) stages, warp 1 those of the (V, tV) stages, the other two exit;
+//   warpgroups 1 and 2, consumers: take the registers (setmaxnreg.inc, 240 each as the forward's), 64 query rows each.
+// Not persistent: with one tile per CTA, Q and tQ load once and no buffer changes hands between tiles (a persistent
+// walk with the forward's Q hand-off is a later step). Dense calls only: varlen tangents stay on the sm80 family
+// (gen_kernels.py's VARLEN). GQA reads K / V and their tangents in place through the head mapping (no packing).
+// Softcap is a compile-time twin, for the forward's reason (fwd_mainloop.cuh).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "flashjax/params.h"
+#include "kernels/common/band_mask.cuh"
+#include "kernels/common/fast_math.cuh"
+#include "kernels/common/softcap.cuh"
+#include "kernels/sm80/fwd_tile_scheduler.cuh"
+#include "kernels/sm90/tangent_epilogue.cuh"
+#include "kernels/sm90/tangent_mainloop.cuh"
+#include "kernels/sm90/tangent_tile_sizes.cuh"
+#include "kernels/sm90/wgmma.cuh"
+
+namespace flashjax::sm90 {
+
+template <typename Element, int kHeadDim, bool kSoftcap>
+struct TangentKernelSm90 {
+  static constexpr TangentTileSizes kTile = tangent_tile_sizes(kHeadDim);
+  using Mainloop =
+      TangentMainloopSm90<Element, kHeadDim, kTile.block_n, kTile.stages_k, kTile.stages_v, kSoftcap>;
+  using Epilogue = TangentEpilogueSm90<Mainloop>;
+  static constexpr int kBlockM = Mainloop::kBlockM;
+  static constexpr int kBlockN = Mainloop::kBlockN;
+  static_assert(kBlockM == kTile.block_m);
+  // The dense tile walk of the sm80 tangent (its forward's scheduler): CTA -> (batch, query head, m-block).
+  using Scheduler = sm80::FwdTileScheduler<kBlockM>;
+
+  static constexpr int kConsumerThreads = Mainloop::kConsumerWarpgroups * 128;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  // setmaxnreg moves registers within the pool the launch allocated (fwd_kernel.cuh).
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536 / kThreads / 8 * 8 * kThreads,
+                "setmaxnreg split over the registers the launch allocates");
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    typename Mainloop::BarrierStorage barriers;
+  };
+  static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
+  static constexpr int kSmemBytes = sizeof(SharedStorage);
+  static_assert(kSmemBytes <= kSmemLimitBytes, "over the sm90 per-block shared memory limit");
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    typename Epilogue::Params epilogue;
+    AttnShape shape;  // the scheduler's walk and the band
+    int heads_per_kv;  // Hq / Hk: query head h reads K/V head h / heads_per_kv
+  };
+};
+
+// Parameters of the (K, tK) and (V, tV) pipelines: a stage is two tiles, both on its full barrier; the thread that
+// issues a pipeline's loads (its warp's lane 0) arms it.
+template <typename Pipeline, typename Kernel>
+__device__ typename Pipeline::Params tangent_pipeline_params(bool is_producer, int leader_thread) {
+  typename Pipeline::Params params;
+  params.transaction_bytes = 2 * Kernel::Mainloop::kTmaBytesKV;
+  params.role = is_producer ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+  params.is_leader = threadIdx.x == leader_thread;
+  params.num_consumers = Kernel::kConsumerThreads;  // every consumer thread releases after its own wgmma wait
+  return params;
+}
+
+template <typename Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1)
+    tangent_kernel_sm90(const __grid_constant__ typename Kernel::Params params) {
+  // wgmma and setmaxnreg exist only on sm_90a: any other device pass compiles an empty kernel, never launched.
+#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)
+  using namespace cute;
+  using Mainloop = typename Kernel::Mainloop;
+  using Epilogue = typename Kernel::Epilogue;
+  using PipelineK = typename Mainloop::PipelineK;
+  using PipelineV = typename Mainloop::PipelineV;
+  constexpr int kBlockM = Kernel::kBlockM;
+  constexpr int kBlockN = Kernel::kBlockN;
+
+  extern __shared__ char smem_bytes[];
+  auto& shared = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_bytes);
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool is_producer = warpgroup == 0;
+
+  if (threadIdx.x == 0) {
+    shared.barriers.q.init(/*arrive_count=*/1);  // the producer's expect_tx
+    for (auto& barrier_o : shared.barriers.o) barrier_o.init(/*arrive_count=*/1);  // each warpgroup's thread 0
+  }
+  PipelineK pipeline_k(shared.barriers.k, tangent_pipeline_params<PipelineK, Kernel>(is_producer, 0),
+                       Shape<_1, _1, _1>{});
+  PipelineV pipeline_v(shared.barriers.v, tangent_pipeline_params<PipelineV, Kernel>(is_producer, 32),
+                       Shape<_1, _1, _1>{});
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();  // barrier initialization visible to every thread (and to TMA) before first use
+
+  const auto tile = Kernel::Scheduler::tile(params.shape, blockIdx.x);
+  const int head_k = tile.head_q / params.heads_per_kv;
+  const common::BandMask band(params.shape.seqlen_q, params.shape.seqlen_k, params.shape.window_left,
+                              params.shape.window_right);
+  const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+
+  if (is_producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
+    const int producer_warp = cutlass::canonical_warp_idx_sync();
+    // A tile none of whose rows sees a key loads nothing: its consumers write t_out = 0 and the sink's t_lse.
+    if (producer_warp > 1 || blocks.empty()) return;
+    const bool leader = threadIdx.x % 32 == 0;
+    const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, head_k, tile.batch};
+    if (producer_warp == 0) {
+      if (leader) {
+        Mainloop::prefetch_tma_descriptors(params.mainloop);
+        Epilogue::prefetch_tma_descriptors(params.epilogue);
+      }
+      Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, leader, at, blocks);
+    } else {
+      Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, leader, at, blocks);
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Kernel::kConsumerRegisters>();
+  const int consumer_wg = warpgroup - 1;
+  const int thread_in_wg = threadIdx.x % 128;
+  int rows[2];
+  Mainloop::thread_rows(thread_in_wg, rows);
+  float lse_log2[2];
+  Epilogue::lse_log2_of_rows(params.epilogue, rows, tile.m_block, consumer_wg, tile.head_q, tile.batch, lse_log2);
+
+  typename Mainloop::TiledMmaPV mma_pv;
+  Tensor acc = partition_fragment_C(mma_pv, Shape<typename Mainloop::WgRows, typename Mainloop::HeadDim>{});
+  clear(acc);
+  float w_sum[2] = {0.f, 0.f};
+  if (!blocks.empty()) {
+    const common::ScoreTransform transform(params.shape.softmax_scale, params.shape.softcap);
+    const common::TileMask mask = band.tile_mask(tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup);
+    Mainloop::run(shared.tensors, shared.barriers, pipeline_k, pipeline_v, blocks, mask, consumer_wg, thread_in_wg,
+                  transform, params.shape.softmax_scale, lse_log2, acc, w_sum);
+  }
+  Epilogue::store(params.epilogue, acc, w_sum, lse_log2,
+                  shared.tensors.q.data() + consumer_wg * Mainloop::kQHalfElems, shared.barriers.o[consumer_wg],
+                  consumer_wg, thread_in_wg, tile.m_block, tile.head_q, tile.batch);
+#endif
+}
+
+}  // namespace flashjax::sm90
