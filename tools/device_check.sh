@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build-check-test-bench on a GPU machine in one call, a short summary table last.
-#   tools/device_check.sh [stage ...]   stages: build info newcomer wheel tests tests_capped tests_packed tests_split
-#                                        tests80 tests_smem99 tests_jax_newest sanitize bench ncu
-#                                        (default: all but build, newcomer, wheel, tests_jax_newest and ncu)
+#   tools/device_check.sh [stage ...]   stages: build info fingerprint newcomer wheel tests tests_capped tests_packed
+#                                        tests_split tests80 tests_smem99 tests_jax_newest sanitize bench
+#                                        bench_features ncu
+#                                        (default: all but build, fingerprint, newcomer, wheel, tests_jax_newest,
+#                                        bench_features and ncu)
 # The library is expected at python/flashjax/libflashjax.so (built elsewhere with tools/build.sh and carried);
 # the "build" stage builds it here instead. Logs and JSON go to $OUT (or bench/out). Environment knobs:
 #   FLASHJAX_SWEEP_N (sweep size; CAPPED_SWEEP_N, PACKED_SWEEP_N, SPLIT_SWEEP_N for those stages; SPLIT_PARTS),
@@ -49,6 +51,13 @@ fi
 if stage info; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
   $PY -m flashjax 2>&1 > "$OUT/info.log" 2>&1 && head -60 "$OUT/info.log" && record info ok || record info FAILED
+fi
+if stage fingerprint; then
+  # Whether the D 128 forward kept its recorded hot loop (lab/hot_loop_fingerprint.txt; its register allocation is
+  # worth 1.3-3% of that kernel's cycles and moves with any kernel edit): a note for the summary, never a failure.
+  LIB=$(ls -t build/device-*/libflashjax.so python/flashjax/libflashjax.so 2>/dev/null | head -1)
+  $PY lab/tools/hot_loop_diff.py "$LIB" --fingerprint --expect lab/hot_loop_fingerprint.txt > "$OUT/fingerprint.log" 2>&1
+  record fingerprint "rc $?: $(tail -1 "$OUT/fingerprint.log" | cut -c1-160)"
 fi
 # Modes: "default" lets dispatch pick (on Hopper: the sm90 families where they have the head dim); "sm80" disables them
 # so the portable family runs everywhere.
@@ -238,6 +247,20 @@ if stage bench; then
   done
 fi
 
+if stage bench_features; then
+  # The open issues' feature rows, default mode: varlen against the dense call and cuDNN padded (issue 37), jvp
+  # against the forward (issue 39), mask mods against varlen and the native band (issue 38). Each bounded by
+  # FEATURE_TIMEOUT seconds (default 240).
+  timeout "${FEATURE_TIMEOUT:-240}" $PY bench/varlen.py > "$OUT/bench_varlen.log" 2>&1
+  record bench_varlen "rc $?: $(grep -cE 'cost|speedup|of copy' "$OUT/bench_varlen.log") rows"
+  timeout "${FEATURE_TIMEOUT:-240}" $PY bench/bench.py --impls flashjax --dirs fwd,jvp \
+    --rows "${JVP_ROWS:-^d(64|128|256)-s4096-(causal|full)\$}" --json "$OUT/bench_jvp.json" > "$OUT/bench_jvp.log" 2>&1
+  record bench_jvp "rc $?"
+  timeout "${FEATURE_TIMEOUT:-240}" $PY lab/device/mask_kernels_bench.py --cases "${MASK_CASES:-docs4k,prefix,window}" \
+    > "$OUT/bench_mask.log" 2>&1
+  record bench_mask "rc $?"
+fi
+
 if stage ncu; then
   # Nsight Compute on one launch of flashjax's forward kernel per spec "mode:row" (mode as for the tests; row a
   # bench.py row name), e.g. NCU_SPECS="default:d128-s4096-full sm80:d64-s512-causal". Full section set; the
@@ -269,11 +292,20 @@ fi
 
 echo
 echo "================ summary ================"
-for key in build info newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_jax_newest tests_default tests_capped tests_packed tests_split tests_sm80 tests_smem99 sanitize memcheck_default memcheck_sm80 \
+for key in build info fingerprint newcomer_demo newcomer_tests wheel wheel_install wheel_tests tests_jax_newest tests_default tests_capped tests_packed tests_split tests_sm80 tests_smem99 sanitize memcheck_default memcheck_sm80 \
            racecheck_default racecheck_sm80 synccheck_default synccheck_sm80 memcheck_jax bench_default bench_sm80 \
+           bench_varlen bench_jvp bench_mask \
            $(printf '%s\n' "${!RESULT[@]}" | grep '^ncu_' | sort); do
   [ -n "${RESULT[$key]:-}" ] && printf '%-17s %s\n' "$key" "${RESULT[$key]}"
 done
+if stage bench_features; then
+  echo "---- varlen (cost <= 1.1, speedup over cuDNN padded > 1.63, of copy >= 0.9) ----"
+  grep -E "cost|speedup|of copy" "$OUT/bench_varlen.log" | cut -c1-150
+  echo "---- jvp (jvp / fwd time = 3.5 x fwd rate / jvp rate; bar 3) ----"
+  grep -E "^(row|d[0-9])" "$OUT/bench_jvp.log" | cut -c1-150
+  echo "---- mask mods (fwd / base, bwd / base) ----"
+  grep -E "^===|/ base|^[a-z].* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ " "$OUT/bench_mask.log" | cut -c1-150
+fi
 for mode in default sm80; do
   if stage bench && [ -f "$OUT/bench_$mode.log" ]; then
     echo "---- bench, forward family: $mode ----"
