@@ -91,7 +91,6 @@ struct FwdMainloopSm90 {
   // band mask (the sequence's used keys), as rows past Sk are in a dense call. A compile-time flag, so that the dense
   // kernels' code is what it was.
   static constexpr bool kVarlen = kVarlen_;
-  static_assert(!(kVarlen && kPackGqa), "varlen tiles hold one query head's rows");
   using QueryTiling = FwdQueryTiling<kBlockM, kPackGqa>;
   // Packed GQA's 8-row chunks: rows [8j, 8j + 8) of a 64-row half are its j-th swizzle atom (tile_to_shape stacks
   // the atoms along M first), so chunk j lies kQChunkElems * j elements in, with the atom's own layout and swizzle
@@ -128,6 +127,9 @@ struct FwdMainloopSm90 {
   // Varlen: V boxes that reach past the sequence's used keys land on a barrier of their own first (load_v_varlen).
   struct VarlenBarrierStorage : DenseBarrierStorage {
     cutlass::arch::ClusterTransactionBarrier v_past_keys;
+    // The end of the CTA's range of walk positions (fwd_varlen_balance.cuh), one slot per warp: each warp computes
+    // it and reads it back per tile, rather than keeping it in a register through the mainloop.
+    int walk_end[16];
   };
   using BarrierStorage = std::conditional_t<kVarlen, VarlenBarrierStorage, DenseBarrierStorage>;
 
@@ -297,8 +299,9 @@ struct FwdMainloopSm90 {
       CUTE_NO_UNROLL
       for (int j = 0; j < QueryTiling::kChunksPerTile; ++j) {
         const auto chunk = tiling.chunk(at.m_block * QueryTiling::kChunksPerTile + j, at.head);
-        Tensor g_chunk = local_tile(m_q(_, _, chunk.head_q, at.batch), Shape<Int<kChunkRows>, HeadDim>{},
-                                    make_coord(chunk.position / kChunkRows, _0{}));
+        // Varlen: positions count from the sequence's first row (from_row), so chunks start anywhere in the tensor.
+        Tensor g_chunk = local_tile(from_row<0, false>(m_q(_, _, chunk.head_q, at.batch), at),
+                                    Shape<Int<kChunkRows>, HeadDim>{}, make_coord(chunk.position / kChunkRows, _0{}));
         Tensor s_chunk = make_tensor(
             make_smem_ptr(q_tile + (j / kChunksPerHalf) * kQHalfElems + (j % kChunksPerHalf) * kQChunkElems),
             SmemLayoutQChunk{});
