@@ -77,7 +77,8 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv, kVarlen_>;
+                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa,
+                                     /*kSkipIdle=*/kSplitKv || (kVarlen_ && kPackGqa), kVarlen_>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =
@@ -394,7 +395,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         // The warpgroup's first row has its smallest position (chunks are numbered position-major).
         const Row first = params.tiling.row(scheduled.tile.m_block, scheduled.tile.head,
                                             consumer_wg * Mainloop::kRowsPerWarpgroup);
-        work.idle = first.position >= params.seqlen_q;
+        if constexpr (Kernel::kVarlen) {
+          work.idle = first.position >= scheduled.tile.seqlen_q;
+        } else {
+          work.idle = first.position >= params.seqlen_q;
+        }
       }
       return work;
     } else {

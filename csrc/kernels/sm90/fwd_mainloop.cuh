@@ -80,9 +80,9 @@ struct FwdMainloopSm90 {
   static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
   // A warpgroup whose rows all lie past Sq (ConsumerTile::idle) skips the GEMMs and softmax of its blocks, keeping
   // its ping-pong turns and stage releases; only the tail turn's GEMMs go out as usual (see tail()). Compiled into
-  // the split-keys kernel only, whose decode-sized packed tiles leave the second warpgroup all padding (GQA 32:8
-  // decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and the checks would sit in the per-tile path
-  // of every kernel.
+  // the split-keys kernel, whose decode-sized packed tiles leave the second warpgroup all padding (GQA 32:8 decode:
+  // 4 real rows of 128), and into the packed varlen kernel (the same decode tiles, per sequence: rows past its used
+  // positions); elsewhere a warpgroup past Sq is rare and the checks would sit in the per-tile path of every kernel.
   static constexpr bool kSkipIdle = kSkipIdle_;
   // Packed sequences (fwd_varlen_scheduler.cuh): the descriptors span the packed [T, H, D] tensors as one batch, and
   // a tile's boxes start at its sequence's first row (LoadCoords::q_start / k_start) plus its block offset, so they
