@@ -26,7 +26,7 @@ struct Packing {
 // heads: Hq; group > 1: packed GQA (kPacked), Hk = Hq / group.
 template <int kBlockM, int kBlockN = 128, bool kPacked = false>
 void check_walk(const Packing& p, int heads, int num_sms = 7, int window_left = -1, int window_right = -1,
-                int group = 1) {
+                int group = 1, bool balanced = true) {
   using Scheduler = FwdVarlenTileSchedulerSm90<kBlockM, kBlockN, kPacked>;
   using Tiling = FwdQueryTiling<kBlockM, kPacked>;
   AttnShape shape{};
@@ -43,7 +43,11 @@ void check_walk(const Packing& p, int heads, int num_sms = 7, int window_left = 
   shape.window_left = window_left;
   shape.window_right = window_right;
   const typename Scheduler::Params params =
-      Scheduler::to_params(shape, Tiling(group, p.total_q), num_sms);
+      [&] {
+        auto made = Scheduler::to_params(shape, Tiling(group, p.total_q), num_sms);
+        made.balanced = balanced;  // FLASHJAX_SM90_VARLEN_WALK's choice
+        return made;
+      }();
   ASSERT_GE(params.num_tiles, 0);
   // The virtual blocks per head: Tq / kBlockM + N (packed: G (Tq / 8 + N) / (kBlockM / 8) + N), never N x max_seqlen.
   EXPECT_EQ(params.num_blocks, kPacked ? group * (p.total_q / 8 + shape.num_seqs) / (kBlockM / 8) + shape.num_seqs
@@ -61,7 +65,7 @@ void check_walk(const Packing& p, int heads, int num_sms = 7, int window_left = 
       ASSERT_EQ(other.end, range.end) << "cta " << cta << " lanes " << lanes;
     }
     for (int pos = Scheduler::first_tile(params, range); pos < params.num_tiles;
-         pos = Scheduler::next_tile(params, range.end, pos)) {
+         pos = Scheduler::next_tile(params, range.end, range.stride, pos)) {
       ++visited[pos];
       const typename Scheduler::Tile tile = Scheduler::tile(params, pos);
       ASSERT_TRUE(tile.head >= 0 && tile.head < heads / group);
@@ -148,6 +152,9 @@ TEST(VarlenScheduler, WindowsAndManyCtas) {
     check_walk<128, 128>(packings()[i], 2, /*num_sms=*/132, /*window_left=*/-1, /*window_right=*/0);
     check_walk<128, 80>(packings()[i], 3, /*num_sms=*/5, /*window_left=*/100, /*window_right=*/0);
     check_walk<64, 128>(packings()[i], 1, /*num_sms=*/1);
+    // FLASHJAX_SM90_VARLEN_WALK=0: round robin.
+    check_walk<128, 128>(packings()[i], 3, /*num_sms=*/7, -1, 0, 1, /*balanced=*/false);
+    check_walk<128, 128, true>(packings()[i], 8, /*num_sms=*/5, -1, -1, 4, /*balanced=*/false);
   }
 }
 
@@ -180,7 +187,7 @@ TEST(VarlenScheduler, BalancesRandomCausalPacks) {
       for (int cta = 0; cta < params.grid; ++cta) {
         const auto range = Scheduler::cta_range_host(params, cta, params.grid);
         for (int pos = Scheduler::first_tile(params, range); pos < params.num_tiles;
-             pos = Scheduler::next_tile(params, range.end, pos)) {
+             pos = Scheduler::next_tile(params, range.end, range.stride, pos)) {
           const auto tile = Scheduler::tile(params, pos);
           if (!tile.has_rows()) {
             load[cta] += 1;

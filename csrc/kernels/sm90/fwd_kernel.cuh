@@ -236,8 +236,9 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   };
   auto next_position = [&](int tile_index) {
     if constexpr (Kernel::kVarlen) {
+      // The stride from the parameters (the range's: 1, or the grid where round robin), not a register.
       const int end = *static_cast<volatile int*>(&shared.barriers.walk_end[threadIdx.x / 32]);
-      return Scheduler::next_tile(params.scheduler, end, tile_index);
+      return Scheduler::next_tile(params.scheduler, end, params.scheduler.balanced ? 1 : int(gridDim.x), tile_index);
     } else {
       return Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x);
     }

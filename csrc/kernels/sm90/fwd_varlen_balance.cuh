@@ -241,7 +241,8 @@ struct VarlenBalance {
   }
 
   struct Range {
-    int begin, end;  // positions [begin, end) of the walk
+    int begin, end;  // positions begin, begin + stride, ... below end of the walk
+    int stride;      // 1; the grid where tiles go out round robin (FLASHJAX_SM90_VARLEN_WALK=0)
   };
 
 #if defined(__CUDA_ARCH__)
@@ -277,6 +278,7 @@ struct VarlenBalance {
     Range range;
     range.begin = position_of(in, target_of(total, cta, grid), head_cost, g0, search);
     range.end = cta + 1 >= grid ? num_tiles : position_of(in, target_of(total, cta + 1, grid), head_cost, g0, search);
+    range.stride = 1;
     return range;
   }
 #endif
@@ -305,6 +307,7 @@ struct VarlenBalance {
     Range range;
     range.begin = position_of(in, target_of(total, cta, grid), head_cost, g0, search);
     range.end = cta + 1 >= grid ? num_tiles : position_of(in, target_of(total, cta + 1, grid), head_cost, g0, search);
+    range.stride = 1;
     return range;
   }
 };

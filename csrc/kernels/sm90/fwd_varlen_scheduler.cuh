@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "flashjax/params.h"
+#include "flashjax/settings.h"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/common/varlen.cuh"
 #include "kernels/sm90/fwd_varlen_balance.cuh"
@@ -59,6 +60,7 @@ struct FwdVarlenTileSchedulerSm90 {
     int total_q;   // Tq
     int total_k;   // Tk
     int window_left, window_right;  // the call's band (each sequence's, bottom-right aligned): the balance's model
+    bool balanced;  // each CTA a range of equal modelled cost; false: round robin (FLASHJAX_SM90_VARLEN_WALK=0)
   };
 
   // The tile's query head and virtual block, and its sequence's used rows in the packed tensors: query rows
@@ -105,6 +107,7 @@ struct FwdVarlenTileSchedulerSm90 {
     params.total_k = shape.seqlen_k;
     params.window_left = shape.window_left;
     params.window_right = shape.window_right;
+    params.balanced = setting_int(Setting::kSm90VarlenWalk, 1) != 0;
     return params;
   }
 
@@ -120,20 +123,25 @@ struct FwdVarlenTileSchedulerSm90 {
   // CTA cta's positions (warp-collective: every lane of a converged warp; each walking warp calls it once). The
   // ranges of the grid's CTAs cover [0, num_tiles) disjointly.
   __device__ static Range cta_range(const Params& params, int cta, int grid) {
+    if (!params.balanced) return round_robin(params, cta, grid);
     return Balance::cta_range(balance_inputs(params), params.num_tiles, cta, grid);
   }
 #endif
   // The same on the host (tests), with `lanes` simulated lanes.
   static Range cta_range_host(const Params& params, int cta, int grid, int lanes = 32) {
+    if (!params.balanced) return round_robin(params, cta, grid);
     return Balance::cta_range_host(balance_inputs(params), params.num_tiles, cta, grid, lanes);
+  }
+  __host__ __device__ static Range round_robin(const Params& params, int cta, int grid) {
+    return {cta < params.num_tiles ? cta : params.num_tiles, params.num_tiles, grid};
   }
 
   // The walk within a CTA's range: num_tiles once it is done.
   __host__ __device__ static int first_tile(const Params& params, const Range& range) {
     return range.begin < range.end ? range.begin : params.num_tiles;
   }
-  __host__ __device__ static int next_tile(const Params& params, int range_end, int position) {
-    return position + 1 < range_end ? position + 1 : params.num_tiles;
+  __host__ __device__ static int next_tile(const Params& params, int range_end, int stride, int position) {
+    return position + stride < range_end ? position + stride : params.num_tiles;
   }
 
   // Sequence b's first virtual block; virtual block v's sequence and block within it (common::varlen_block's
