@@ -2,7 +2,8 @@
 # Issue 37 bars 6a / 6c, sm90 varlen forward speed (branch varlen-fwd-speed): the GPU checks and timings of this
 # branch, on an H100 / H200 with jax 0.11.2 + CUDA 13, from the repository root, after `tools/device_check.sh build`
 # (python/flashjax/libflashjax.so with every kernel, and the sanitizer driver). No network. Logs go to $OUT (default
-# /tmp/out); a summary is printed last. About 4 minutes with the default steps.
+# /tmp/out); a summary is printed last. About 4-6 minutes with the default steps (STEPS="1", then STEPS="2 3" on the
+# still-warm machine, splits it).
 #   1. tests/gpu/test_varlen.py: default mode (sm90 forward: cost-balanced CTA ranges, GQA packed where the mean
 #      query length is short), the same with the grid capped at 3 CTAs (long ranges per CTA), and with
 #      FLASHJAX_SM90_PACK_GQA=1 (every GQA varlen call on the packed varlen kernel);
