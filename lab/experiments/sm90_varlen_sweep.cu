@@ -190,6 +190,10 @@ int run(const Config& c) {
   if (c.seqused) p.seqused_q = dused_q, p.seqused_k = dused_k;
   if (c.sinks) p.sinks = dsinks;
   p.q = q, p.k = k, p.v = v, p.o = o, p.lse = lse;
+  // GQA packed as the plan decides (the mean query length); FLASHJAX_SM90_PACK_GQA=1 packs every GQA config.
+  flashjax::ChoiceQuery query;
+  query.varlen = true;
+  p.pack_group = flashjax::sm90::fwd_choices_for(D, p, query).pack_group;
   cudaStream_t stream;
   cudaStreamCreate(&stream);
   std::printf("%s ... ", c.describe().c_str());

@@ -94,20 +94,22 @@ TEST(Sm90Choices, SplitCallsPackAndTakeTheFewTiles) {
   EXPECT_TRUE(fwd_choices_for(128, shape(2, 4096, 4096, 16, 16), query).tile_reason.empty());
 }
 
-// Varlen takes the one varlen kernel whatever the token counts and the settings: kFew's tiles, unpacked, unsplit
-// (fwd_launch.cuh's FwdVarlenKernel), asked through the query (the plan's shape has no offsets) or the shape's own.
+// Varlen takes the varlen kernel whatever the token counts and the settings: kFew's tiles, unsplit
+// (fwd_launch.cuh's FwdVarlenKernel), asked through the query (the plan's shape has no offsets) or the shape's own;
+// GQA packed by the dense rule at the mean query length ceil(Tq / N).
 TEST(Sm90Choices, VarlenTakesTheVarlenKernel) {
   ChoiceQuery query;
   query.num_sms = 132;
   query.explain = true;
   query.varlen = true;
   for (const int head_dim : {64, 96, 128, 192, 256}) {
-    // Decode-shaped (the dense rule would pack and split) and long (the dense rule would take kMany's tiles).
+    // Decode-shaped (the dense rule would pack and split: varlen packs) and long (the dense rule would take kMany's
+    // tiles).
     for (const AttnShape& call : std::initializer_list<AttnShape>{shape(64, 64, 200000, 32, 8),
                                                                   shape(3, 40000, 40000, 16, 16)}) {
       const FamilyChoices c = fwd_choices_for(head_dim, call, query);
       EXPECT_EQ(c.num_splits, 1);
-      EXPECT_EQ(c.pack_group, 1);
+      EXPECT_EQ(c.pack_group, call.heads_q == 32 ? 4 : 1);
       EXPECT_EQ(c.tile_class, static_cast<int>(FwdKeyLoad::kFew));
       EXPECT_EQ(c.block_m, fwd_tile_sizes(head_dim, FwdKeyLoad::kFew).block_m);
       EXPECT_EQ(c.block_n, fwd_tile_sizes(head_dim, FwdKeyLoad::kFew).block_n);
@@ -115,13 +117,19 @@ TEST(Sm90Choices, VarlenTakesTheVarlenKernel) {
       EXPECT_NE(c.split_reason.find("varlen"), std::string::npos) << c.split_reason;
     }
   }
-  EXPECT_NE(fwd_choices_for(128, shape(1, 64, 9000, 32, 8), query).packing_reason.find("one query head"),
+  // Mean query length 64 at GQA 4: 2 packed tiles against 4 unpacked: packed. 4 sequences of 1000 tokens: not.
+  EXPECT_NE(fwd_choices_for(128, shape(1, 64, 9000, 32, 8), query).packing_reason.find("varlen tile"),
             std::string::npos);
+  const FamilyChoices long_rows = fwd_choices_for(128, shape(4, 4000, 4000, 32, 8), query);
+  EXPECT_EQ(long_rows.pack_group, 1);
+  EXPECT_NE(long_rows.packing_reason.find("unpacked"), std::string::npos);
   const int32_t offsets[] = {0, 64};
   AttnShape own = shape(1, 64, 9000, 32, 8);
   own.cu_seqlens_q = own.cu_seqlens_k = offsets;
   own.num_seqs = 1;
   query.varlen = false;
+  EXPECT_EQ(fwd_choices_for(128, own, query).pack_group, 4);
+  own.heads_q = own.heads_k = 8;
   EXPECT_EQ(fwd_choices_for(128, own, query).pack_group, 1);
 }
 

@@ -25,7 +25,8 @@ def test_build_info_describes_the_build():
     assert info["cuda_archs"] and all(a[:2].isdigit() for a in info["cuda_archs"])
     names = [s["name"] for s in info["settings"]]
     assert names == ["FLASHJAX_DISABLE_FAMILIES", "FLASHJAX_SM90_PACK_GQA", "FLASHJAX_SM90_SPLIT_KV",
-                     "FLASHJAX_SM90_MAX_CTAS", "FLASHJAX_SM90_PDL", "FLASHJAX_SMEM_LIMIT_KB"]
+                     "FLASHJAX_SM90_MAX_CTAS", "FLASHJAX_SM90_PDL", "FLASHJAX_SM90_VARLEN_WALK",
+                     "FLASHJAX_SMEM_LIMIT_KB"]
     assert all(s["meaning"] and s["value"] == os.environ.get(s["name"], "") for s in info["settings"])
     for kernel in info["kernels"]:
         assert kernel["direction"] in ("fwd", "bwd", "tangent") and kernel["dtype"] in ("fp16", "bf16")

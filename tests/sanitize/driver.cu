@@ -779,6 +779,16 @@ const VarlenConfig kVarlenConfigs[] = {
     {{0, 129, 130, 330, 394, 457}, {0, 127, 255, 384, 641, 642}, {}, 470, 700, 8, 1, 100, 20, false, true, true,
      10.f, "varlen: keys 127, 128, 129, 257, 1 (sm90 backward's 128-key blocks), MQA 8/1, window (100, 20), "
      "softcap 10, dlse"},
+    // Decode-shaped calls pack GQA on the sm90 forward (fwd_choices.cuh: mean query length 1): 16 sequences of one
+    // query against 2k..8k keys at GQA 4:1 (one tile per (sequence, KV head), its 4 query heads as rows), causal,
+    // sinks; then the same packing with decreasing offsets.
+    {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+     {0, 2000, 4411, 7233, 10466, 14110, 18165, 22631, 27508, 32796, 38495, 44605, 51126, 58058, 65401, 73155,
+      81320},
+     {}, 16, 81400, 8, 2, -1, 0, true, true, true, 0.f,
+     "varlen decode: GQA 4/1 packed, 16 sequences of one query against 2k..8k keys, causal, sinks, dlse"},
+    {{0, 2, 1, 3, 4}, {0, 900, 400, 2000, 1900}, {1, 3, 0, 1}, 6, 2100, 8, 2, -1, -1, false, false, false, 0.f,
+     "varlen decode: GQA 4/1 packed, decreasing offsets, seqused out of range"},
 };
 constexpr int kNumVarlenConfigs = sizeof(kVarlenConfigs) / sizeof(kVarlenConfigs[0]);
 

@@ -15,6 +15,7 @@ enum class Setting : int {
   kSm90SplitKv,      // sm90 forward: key splitting
   kSm90MaxCtas,      // sm90 forward: persistent grid cap
   kSm90Pdl,          // sm90 forward: programmatic dependent launch
+  kSm90VarlenWalk,   // sm90 varlen forward: how CTAs share the walk
   kSmemLimitKb,      // cap on the shared memory per block dispatch assumes
   kCount,
 };
@@ -36,6 +37,9 @@ inline constexpr SettingInfo kSettings[] = {
      "sm90 forward: cap the persistent grid at n CTAs, so that small problems run many tiles per CTA (tests)"},
     {Setting::kSm90Pdl, "FLASHJAX_SM90_PDL",
      "sm90 forward: '0' launches without programmatic dependent launch (default '1')"},
+    {Setting::kSm90VarlenWalk, "FLASHJAX_SM90_VARLEN_WALK",
+     "sm90 varlen forward: '0' hands tiles out round robin (the walk before the balanced ranges, to compare); "
+     "default '1', each CTA a range of equal modelled cost"},
     {Setting::kSmemLimitKb, "FLASHJAX_SMEM_LIMIT_KB",
      "cap, in KB, on the shared memory per block dispatch assumes (e.g. '99': an H200 picks the kernels and tiles of "
      "a 99 KB GPU, RTX 4090 / L40 / RTX 5090); unset: the device's own limit"},

@@ -41,22 +41,35 @@ inline const char* key_load_name(FwdKeyLoad load) {
   }
 }
 
-// Packed sequences run one kernel (fwd_launch.cuh's FwdVarlenKernel): kFew's tiles, one query head per tile, keys
-// not split. The key load of a varlen call is not known on the host (the lengths are device data; the token counts
-// say nothing about them), and kFew's tiles are the ones made for short rows, which most packed sequences have.
-// Packing GQA and splitting keys would need the virtual-block walk per KV head and per part; not done yet.
+// Packed sequences run the varlen kernel (fwd_launch.cuh's FwdVarlenKernel): kFew's tiles, keys not split. The key
+// load of a varlen call is not known on the host (the lengths are device data; the token counts say nothing about
+// them), and kFew's tiles are the ones made for short rows, which most packed sequences have. GQA is packed by the
+// dense rule (fwd_pack_group) applied to the mean query length ceil(Tq / N), static shapes only: decode (one query
+// per sequence) and other short query sequences pack, so that a group's query heads share each tile and read its K/V
+// once; long ones do not (the rule keeps their unpacked tiles). Splitting keys would need the virtual-block walk per
+// part; not done.
 inline FamilyChoices varlen_fwd_choices(int head_dim, const AttnShape& shape, const ChoiceQuery& query) {
   FamilyChoices choices;
   const FwdTileSizes tiles = fwd_tile_sizes(head_dim, FwdKeyLoad::kFew);
+  const int num_seqs = shape.num_seqs > 0 ? shape.num_seqs : shape.batch;
+  const int mean_seqlen_q = num_seqs > 0 ? static_cast<int>((int64_t(shape.seqlen_q) + num_seqs - 1) / num_seqs) : 0;
+  choices.pack_group = fwd_pack_group(mean_seqlen_q, shape.heads_q, shape.heads_k, pack_gqa_mode());
   choices.tile_class = static_cast<int32_t>(FwdKeyLoad::kFew);
   choices.block_m = tiles.block_m;
   choices.block_n = tiles.block_n;
   if (!query.explain) return choices;
   choices.tile_reason = std::to_string(tiles.block_m) + " x " + std::to_string(tiles.block_n) +
-                        " tiles (the varlen kernel's: one tile per (sequence block, query head), the sequences' "
-                        "lengths being device data)";
-  if (shape.heads_k > 0 && shape.heads_q > shape.heads_k) {
-    choices.packing_reason = "unpacked: the varlen kernel's tiles hold one query head's rows";
+                        " tiles (the varlen kernel's: one tile per (sequence block, query head or GQA group), the "
+                        "sequences' lengths being device data)";
+  if (choices.pack_group > 1) {
+    choices.packing_reason = "the " + std::to_string(choices.pack_group) +
+                             " query heads of a KV head share each varlen tile (mean query length " +
+                             std::to_string(mean_seqlen_q) + ")";
+  } else if (shape.heads_k > 0 && shape.heads_q > shape.heads_k) {
+    choices.packing_reason = pack_gqa_mode() == PackGqaMode::kNever
+                                 ? "unpacked: FLASHJAX_SM90_PACK_GQA=0"
+                                 : "unpacked: at the mean query length packing would remove fewer than a quarter of "
+                                   "the 128-row tiles";
   }
   choices.split_reason = "not split: the varlen kernel does not split keys";
   return choices;

@@ -78,8 +78,8 @@ struct FwdKernelSm90 {
       {2, 3, true}, {2, 3, false}, {2, 2, true}, {1, 2, true}, {1, 2, false}};
   template <int kPlan>
   using MainloopOf = FwdMainloopSm90<Element, kHeadDim, kBlockN, kPlans[kPlan].k_stages, 2, kBlockM / 64,
-                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa, /*kSkipIdle=*/kSplitKv, kVarlen_,
-                                     kMaskMod_>;
+                                     kPlans[kPlan].q_stages, kSoftcap, kPackGqa,
+                                     /*kSkipIdle=*/kSplitKv || (kVarlen_ && kPackGqa), kVarlen_, kMaskMod_>;
   static constexpr int kSmemLimitBytes = 227 * 1024;  // sm90 per-block opt-in maximum
   template <int kPlan>
   static constexpr bool kPlanFits =
@@ -90,12 +90,13 @@ struct FwdKernelSm90 {
   static constexpr bool kSplit = kSplitKv;
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!(kVarlen && kSplitKv), "no split-keys kernel for packed sequences yet");
+  static_assert(!(kVarlen && kPackGqa && kSplitKv));
   static constexpr bool kMaskMod = kMaskMod_;
   static_assert(!(kMaskMod && (kSplitKv || kVarlen || kPackGqa)), "the mask-mod kernel is dense, unpacked, unsplit");
   using Epilogue = std::conditional_t<kSplitKv, FwdSplitEpilogueSm90<Mainloop>,
                                       std::conditional_t<kVarlen, FwdVarlenEpilogueSm90<Mainloop>,
                                                          FwdEpilogueSm90<Mainloop>>>;
-  using Scheduler = std::conditional_t<kVarlen, FwdVarlenTileSchedulerSm90<Mainloop::kBlockM>,
+  using Scheduler = std::conditional_t<kVarlen, FwdVarlenTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN, kPackGqa>,
                                        FwdTileSchedulerSm90<Mainloop::kBlockM, Mainloop::kBlockN>>;
   static_assert(kBlockM == Mainloop::kBlockM, "the M tile is whole 64-row consumer warpgroups");
   static_assert(Mainloop::kConsumerWarpgroups == 2 || Mainloop::kConsumerWarpgroups == 3);
@@ -115,6 +116,7 @@ struct FwdKernelSm90 {
   using SharedStorage = FwdSharedStorageSm90<Mainloop, kOwnOBuffer>;
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimitBytes, "over the sm90 per-block shared memory limit");
+  static_assert(!kVarlen || kThreads / 32 <= 16, "a walk_end slot per warp (fwd_mainloop.cuh)");
 
   // Where the epilogue stages O of a tile whose Q sat in q_buffer.
   __device__ static Element* o_staging(SharedStorage& shared, int q_buffer) {
@@ -202,6 +204,13 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   auto sequence_band = [&](const auto& tile) {
     return common::BandMask(tile.seqlen_q, tile.seqlen_k, params.window_left, params.window_right);
   };
+  // Varlen with packed GQA: the tiling's rows over the tile's sequence (its positions; group and chunk order are
+  // the call's).
+  auto sequence_tiling = [&](const auto& tile) {
+    typename Mainloop::QueryTiling tiling = params.tiling;
+    tiling.seqlen_q = tile.seqlen_q;
+    return tiling;
+  };
 
   // The CTA's walk over tiles, the same for producer and consumers (Scheduler: first_tile, next_tile). A scheduled
   // tile: its index, coordinates and KV blocks (every warpgroup consumes the same K/V stages).
@@ -210,8 +219,34 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     typename Scheduler::Tile tile;
     typename Mainloop::BlockRange blocks;
   };
+  // Varlen: the CTA's range of positions, computed by every warp from the offsets (fwd_varlen_balance.cuh;
+  // warp-collective, so here, where every warp is converged); the end goes to the warp's shared slot, read per tile
+  // (a register held through the mainloop cost the consumers spills). The dense walk needs none of it.
+  const int varlen_first = [&] {
+    if constexpr (Kernel::kVarlen) {
+      const auto range = Scheduler::cta_range(params.scheduler, blockIdx.x, gridDim.x);
+      if (threadIdx.x % 32 == 0) shared.barriers.walk_end[threadIdx.x / 32] = range.end;
+      __syncwarp();
+      return Scheduler::first_tile(params.scheduler, range);
+    } else {
+      return 0;
+    }
+  }();
+  auto first_position = [&] {
+    if constexpr (Kernel::kVarlen) {
+      return varlen_first;
+    } else {
+      return Scheduler::first_tile(params.scheduler, blockIdx.x);
+    }
+  };
   auto next_position = [&](int tile_index) {
-    return Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x);
+    if constexpr (Kernel::kVarlen) {
+      // The stride from the parameters (the range's: 1, or the grid where round robin), not a register.
+      const int end = *static_cast<volatile int*>(&shared.barriers.walk_end[threadIdx.x / 32]);
+      return Scheduler::next_tile(params.scheduler, end, params.scheduler.balanced ? 1 : int(gridDim.x), tile_index);
+    } else {
+      return Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x);
+    }
   };
   // The next tile with work (a KV block to visit) from tile_index on; skipped(tile) for each tile on the way whose
   // rows see no key.
@@ -223,7 +258,12 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         blocks = params.mask.blocks(tile.batch, tile.head, tile.m_block);
       } else if constexpr (Kernel::kVarlen) {
         if (!tile.has_rows()) continue;  // a virtual block past its sequence's used rows: nothing to load or write
-        blocks = sequence_band(tile).template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+        if constexpr (Mainloop::kPackGqa) {
+          const auto positions = sequence_tiling(tile).positions(tile.m_block);
+          blocks = sequence_band(tile).template kv_blocks_of_rows<kBlockN>(positions.first, positions.last);
+        } else {
+          blocks = sequence_band(tile).template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+        }
       } else if constexpr (Mainloop::kPackGqa) {
         const auto positions = params.tiling.positions(tile.m_block);
         blocks = band.template kv_blocks_of_rows<kBlockN>(positions.first, positions.last);
@@ -253,7 +293,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     uint32_t v_past_keys_phase = 0;  // varlen only (Mainloop::load_v_varlen)
     auto load_nothing = [](const typename Scheduler::Tile&) {};  // the consumers write those tiles out
     for (ScheduledTile scheduled =
-             next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), load_nothing);
+             next_tile_with_work(first_position(), load_nothing);
          scheduled.index < params.scheduler.num_tiles;
          scheduled = next_tile_with_work(next_position(scheduled.index), load_nothing)) {
       const auto& tile = scheduled.tile;
@@ -337,7 +377,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     sink_log2_of(tile, sink_log2);
     FwdOnlineSoftmaxSm90<2>::lse_of_empty_rows(sink_log2, lse);
     if constexpr (Kernel::kVarlen) {
-      Epilogue::store_empty(params.epilogue, lse, consumer_wg, thread_in_wg, tile);
+      Epilogue::store_empty(params.epilogue, lse, params.tiling, consumer_wg, thread_in_wg, tile);
     } else {
       Epilogue::store_empty(params.epilogue, lse, params.tiling, consumer_wg, thread_in_wg, tile.m_block, tile.head,
                             tile.batch);
@@ -351,12 +391,23 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
       Row rows[2];
       rows_of(scheduled.tile, rows);
       const int positions[2] = {rows[0].position, rows[1].position};
-      typename Mainloop::ConsumerTile work{q_slot, scheduled.blocks, band.rows_mask(positions)};
+      const auto rows_mask = [&] {
+        if constexpr (Kernel::kVarlen) {
+          return sequence_band(scheduled.tile).rows_mask(positions);
+        } else {
+          return band.rows_mask(positions);
+        }
+      }();
+      typename Mainloop::ConsumerTile work{q_slot, scheduled.blocks, rows_mask};
       if constexpr (Mainloop::kSkipIdle) {
         // The warpgroup's first row has its smallest position (chunks are numbered position-major).
         const Row first = params.tiling.row(scheduled.tile.m_block, scheduled.tile.head,
                                             consumer_wg * Mainloop::kRowsPerWarpgroup);
-        work.idle = first.position >= params.seqlen_q;
+        if constexpr (Kernel::kVarlen) {
+          work.idle = first.position >= scheduled.tile.seqlen_q;
+        } else {
+          work.idle = first.position >= params.seqlen_q;
+        }
       }
       return work;
     } else {
@@ -387,7 +438,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
     softmax.finalize(acc_o_rc, sink_log2, lse);
     if constexpr (Kernel::kVarlen) {
       Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
-                                                    acc_o, lse, consumer_wg, thread_in_wg, tile);
+                                                    acc_o, lse, params.tiling, consumer_wg, thread_in_wg, tile);
     } else {
       Epilogue::template store<Kernel::kOwnOBuffer>(params.epilogue, Kernel::o_staging(shared, work.q_slot.buffer),
                                                     acc_o, lse, params.tiling, consumer_wg, thread_in_wg,
@@ -398,7 +449,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   };
 
   ScheduledTile scheduled =
-      next_tile_with_work(Scheduler::first_tile(params.scheduler, blockIdx.x), write_empty_tile);
+      next_tile_with_work(first_position(), write_empty_tile);
   if (scheduled.index < params.scheduler.num_tiles) {
     auto tile = scheduled.tile;
     auto work = consumer_tile(scheduled, tiles_with_work++);

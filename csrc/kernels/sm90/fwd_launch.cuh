@@ -226,28 +226,26 @@ cudaError_t launch_split(const FwdParams& params, cudaStream_t stream) {
   return StreamLaunch(grid, dim3(kCombineWarps * 32), 0, stream)(fwd_split_combine_kernel<Element, kHeadDim>, params);
 }
 
-// Packed sequences (varlen): one tile configuration, kFew's (fwd_choices_for: the virtual blocks are short
-// sequences' as often as long ones', and the class is chosen from the token counts only), unpacked and unsplit.
-template <typename Element, int kHeadDim>
-using FwdVarlenKernel = FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew, false, false, true>;
+// Packed sequences (varlen): kFew's tiles (fwd_choices_for: the virtual blocks are short sequences' as often as long
+// ones', and the class is chosen from the token counts only), unsplit; with GQA packed where the plan says so
+// (decode-like calls: short query sequences, where a group's query heads then share each tile and its K/V loads).
+template <typename Element, int kHeadDim, bool kPackGqa = false>
+using FwdVarlenKernel = FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew, kPackGqa, false, true>;
 
 // The rows no tile writes get out = 0, lse = -inf (fwd_varlen_scheduler.cuh), then the tiles run. The two write
 // disjoint rows, so their order does not matter; the fill goes first because it is short and the main kernel then
 // overlaps its tail (programmatic dependent launch).
-template <typename Element, int kHeadDim>
-cudaError_t launch_varlen(const FwdParams& params, cudaStream_t stream) {
-  using Kernel = FwdVarlenKernel<Element, kHeadDim>;
+template <typename Element, int kHeadDim, bool kPackGqa>
+cudaError_t launch_varlen_kernels(const FwdParams& params, int group, cudaStream_t stream) {
+  using Kernel = FwdVarlenKernel<Element, kHeadDim, kPackGqa>;
   using Scheduler = typename Kernel::Scheduler;
-  if (params.batch != 1 || params.num_seqs < 0 || params.pack_group != 1 || params.num_splits != 1) {
-    return cudaErrorInvalidValue;
-  }
   if (params.seqlen_q == 0 || params.heads_q == 0) return cudaSuccess;  // no rows
   // The fill's 16-byte stores need what TMA needs of O (the main kernel checks q, k, v too).
   if (!tma_compatible<Element>(params.o, params.o_row_stride, params.o_head_stride, params.o_batch_stride)) {
     return cudaErrorInvalidValue;
   }
   const typename Scheduler::Params scheduler =
-      Scheduler::to_params(params, typename Kernel::Mainloop::QueryTiling(1, params.seqlen_q), /*num_sms=*/1);
+      Scheduler::to_params(params, typename Kernel::Mainloop::QueryTiling(group, params.seqlen_q), /*num_sms=*/1);
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   constexpr int kFillThreads = 256;
   const int64_t fill_blocks = std::min<int64_t>((int64_t(params.seqlen_q) + kFillThreads - 1) / kFillThreads, 2048);
@@ -255,8 +253,20 @@ cudaError_t launch_varlen(const FwdParams& params, cudaStream_t stream) {
       <<<static_cast<unsigned>(fill_blocks), kFillThreads, 0, stream>>>(scheduler, params);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
   if (params.num_seqs == 0) return cudaSuccess;  // every row was padding
-  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN, false, false, true>(
-      params, 1, stream);
+  return launch_fwd<Element, kHeadDim, Kernel::Mainloop::kBlockM, Kernel::Mainloop::kBlockN, kPackGqa, false, true>(
+      params, group, stream);
+}
+
+template <typename Element, int kHeadDim>
+cudaError_t launch_varlen(const FwdParams& params, cudaStream_t stream) {
+  if (params.batch != 1 || params.num_seqs < 0 || params.num_splits != 1) return cudaErrorInvalidValue;
+  // Packed GQA only with the whole group (the packed tiling indexes query heads by it).
+  if (params.pack_group > 1) {
+    if (params.pack_group != params.heads_q / params.heads_k) return cudaErrorInvalidValue;
+    return launch_varlen_kernels<Element, kHeadDim, true>(params, params.pack_group, stream);
+  }
+  if (params.pack_group != 1) return cudaErrorInvalidValue;
+  return launch_varlen_kernels<Element, kHeadDim, false>(params, 1, stream);
 }
 
 // A mask mod: one tile configuration per head dim (mask_mod_key_load: n-blocks of whole 32-key words), unpacked and
@@ -328,8 +338,9 @@ int fwd_smem_bytes() {
   constexpr int kPacked = detail::FwdPackedKernel<Element, kHeadDim>::kSmemBytes;
   constexpr int kSplit = detail::FwdSplitKernel<Element, kHeadDim>::kSmemBytes;
   constexpr int kVarlen = detail::FwdVarlenKernel<Element, kHeadDim>::kSmemBytes;
+  constexpr int kVarlenPacked = detail::FwdVarlenKernel<Element, kHeadDim, true>::kSmemBytes;
   constexpr int kMaskMod = detail::FwdMaskModKernel<Element, kHeadDim>::kSmemBytes;
-  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit, kVarlen, kMaskMod});
+  return std::max({kShort, kFew, kMany, kManyShort, kPacked, kSplit, kVarlen, kVarlenPacked, kMaskMod});
 }
 
 }  // namespace flashjax::sm90

@@ -83,9 +83,9 @@ struct FwdMainloopSm90 {
   static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
   // A warpgroup whose rows all lie past Sq (ConsumerTile::idle) skips the GEMMs and softmax of its blocks, keeping
   // its ping-pong turns and stage releases; only the tail turn's GEMMs go out as usual (see tail()). Compiled into
-  // the split-keys kernel only, whose decode-sized packed tiles leave the second warpgroup all padding (GQA 32:8
-  // decode: 4 real rows of 128); elsewhere a warpgroup past Sq is rare and the checks would sit in the per-tile path
-  // of every kernel.
+  // the split-keys kernel, whose decode-sized packed tiles leave the second warpgroup all padding (GQA 32:8 decode:
+  // 4 real rows of 128), and into the packed varlen kernel (the same decode tiles, per sequence: rows past its used
+  // positions); elsewhere a warpgroup past Sq is rare and the checks would sit in the per-tile path of every kernel.
   static constexpr bool kSkipIdle = kSkipIdle_;
   // Packed sequences (fwd_varlen_scheduler.cuh): the descriptors span the packed [T, H, D] tensors as one batch, and
   // a tile's boxes start at its sequence's first row (LoadCoords::q_start / k_start) plus its block offset, so they
@@ -94,7 +94,6 @@ struct FwdMainloopSm90 {
   // band mask (the sequence's used keys), as rows past Sk are in a dense call. A compile-time flag, so that the dense
   // kernels' code is what it was.
   static constexpr bool kVarlen = kVarlen_;
-  static_assert(!(kVarlen && kPackGqa), "varlen tiles hold one query head's rows");
   // A mask mod (issue 38): each tile walks its list of KV blocks (kernels/common/mask_block_lists.cuh: the band's
   // blocks less the empty tiles, the masked and partial ones first), and the masked steps apply the mod's bits on top
   // of the band. The list answers what KvBlockRange answers, so the loads and the loops below are the same code; the
@@ -139,6 +138,9 @@ struct FwdMainloopSm90 {
   // Varlen: V boxes that reach past the sequence's used keys land on a barrier of their own first (load_v_varlen).
   struct VarlenBarrierStorage : DenseBarrierStorage {
     cutlass::arch::ClusterTransactionBarrier v_past_keys;
+    // The end of the CTA's range of walk positions (fwd_varlen_balance.cuh), one slot per warp: each warp computes
+    // it and reads it back per tile, rather than keeping it in a register through the mainloop.
+    int walk_end[16];
   };
   using BarrierStorage = std::conditional_t<kVarlen, VarlenBarrierStorage, DenseBarrierStorage>;
 
@@ -308,8 +310,9 @@ struct FwdMainloopSm90 {
       CUTE_NO_UNROLL
       for (int j = 0; j < QueryTiling::kChunksPerTile; ++j) {
         const auto chunk = tiling.chunk(at.m_block * QueryTiling::kChunksPerTile + j, at.head);
-        Tensor g_chunk = local_tile(m_q(_, _, chunk.head_q, at.batch), Shape<Int<kChunkRows>, HeadDim>{},
-                                    make_coord(chunk.position / kChunkRows, _0{}));
+        // Varlen: positions count from the sequence's first row (from_row), so chunks start anywhere in the tensor.
+        Tensor g_chunk = local_tile(from_row<0, false>(m_q(_, _, chunk.head_q, at.batch), at),
+                                    Shape<Int<kChunkRows>, HeadDim>{}, make_coord(chunk.position / kChunkRows, _0{}));
         Tensor s_chunk = make_tensor(
             make_smem_ptr(q_tile + (j / kChunksPerHalf) * kQHalfElems + (j % kChunksPerHalf) * kQChunkElems),
             SmemLayoutQChunk{});

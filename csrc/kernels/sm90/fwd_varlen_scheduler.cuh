@@ -4,11 +4,12 @@
 // Tiles are (virtual query block, query head) pairs, virtual blocks fastest: per head, varlen_num_blocks(Tq, N,
 // kBlockM) of them (kernels/common/varlen.cuh: sequence b's blocks start at cu_seqlens_q[b] / kBlockM + b), so the
 // walk covers the batch's real blocks plus at most one per sequence, never N x max_seqlen, and only the static
-// shapes (Tq, N, Hq) size it: no compile and no host plan depends on the packing. CTAs take positions round robin
-// (c, c + grid, ...) like the dense scheduler's unpaired walk; consecutive positions are neighbouring blocks of one
-// head, so the CTAs resident at any moment share K/V in L2. A tile resolves its sequence on the device by binary
-// search (every warp that walks it: the producer's two and each consumer warpgroup), reading offsets that stay in
-// L1 after the first tile.
+// shapes (Tq, N, Hq) size it: no compile and no host plan depends on the packing. Each CTA takes a contiguous range
+// of positions of equal modelled cost, which its warps compute from the offsets at kernel start (cta_range,
+// fwd_varlen_balance.cuh: the lengths are device data, and round robin left the busiest CTA ~1.2x of the mean for
+// causal packs). Consecutive positions are neighbouring blocks of one head and sequence, so a CTA re-reads the K/V
+// it has just read (L2). A tile resolves its sequence on the device by binary search (every warp that walks it: the
+// producer's two and each consumer warpgroup), reading offsets that stay in L1 after the first tile.
 //
 // A tile's rows and keys are its sequence's used ones, clamped (varlen_rows): whatever cu_seqlens / seqused hold,
 // the tile's loads start inside the tensors and its stores (predicated by the used rows) never leave its sequence.
@@ -29,15 +30,25 @@
 #include <cstdint>
 
 #include "flashjax/params.h"
+#include "flashjax/settings.h"
+#include "kernels/common/fast_math.cuh"
 #include "kernels/common/varlen.cuh"
+#include "kernels/sm90/fwd_varlen_balance.cuh"
 
 namespace flashjax::sm90 {
 
-template <int kBlockM>
+// kPacked: tiles hold the query heads of a KV head (packed GQA, fwd_query_tiling.cuh): the walk's heads are the KV
+// heads and a sequence's blocks are its packed tiles (VarlenBlockNumbering).
+template <int kBlockM, int kBlockN, bool kPacked = false>
 struct FwdVarlenTileSchedulerSm90 {
+  using Balance = VarlenBalance<kBlockM, kBlockN, kPacked>;
+  using Numbering = typename Balance::Numbering;
+  using Range = typename Balance::Range;
+
   struct Params {
     int num_blocks;  // virtual query blocks per head (the walk's m-blocks)
-    int heads;       // Hq
+    int heads;       // of the walk: Hq, or Hk where GQA is packed
+    int group;       // query heads per tile: 1, or Hq / Hk where packed
     int num_tiles;   // num_blocks * heads, or -1 where that overflows int32
     int grid;        // CTAs to launch
     cutlass::FastDivmod blocks_divmod;
@@ -48,29 +59,42 @@ struct FwdVarlenTileSchedulerSm90 {
     int num_seqs;  // N >= 1 (the launcher launches nothing for N = 0)
     int total_q;   // Tq
     int total_k;   // Tk
+    int window_left, window_right;  // the call's band (each sequence's, bottom-right aligned): the balance's model
+    bool balanced;  // each CTA a range of equal modelled cost; false: round robin (FLASHJAX_SM90_VARLEN_WALK=0)
   };
 
   // The tile's query head and virtual block, and its sequence's used rows in the packed tensors: query rows
   // [q_start, q_start + seqlen_q), keys [k_start, k_start + seqlen_k). m_block is the block within the sequence;
-  // m_block * kBlockM >= seqlen_q: no work (has_rows()).
+  // Past its sequence's tiles with rows (m_block >= row_blocks(seqlen_q)): no work (has_rows()). head: the query
+  // head, or the KV head where packed (its group's query heads are the tile's rows, in FwdQueryTiling's order).
   struct Tile {
     int m_block;
     int head;
     int batch;  // always 0: the packed tensors are one batch
     int q_start, k_start;
     int seqlen_q, seqlen_k;
-    __host__ __device__ bool has_rows() const { return m_block * kBlockM < seqlen_q; }
+    int group;  // query heads per tile
+    __host__ __device__ bool has_rows() const {
+      if constexpr (kPacked) {
+        return int64_t(m_block) * Numbering::kChunksPerTile <
+               int64_t(group) * common::ceil_div(seqlen_q, Numbering::kChunkRows);
+      } else {
+        return m_block * kBlockM < seqlen_q;
+      }
+    }
   };
 
-  // tiling: the unpacked FwdQueryTiling (varlen tiles hold one query head's rows).
+  // tiling: the FwdQueryTiling of the kernel (its group: 1 unpacked).
   template <typename QueryTiling>
-  static Params to_params(const AttnShape& shape, const QueryTiling&, int num_sms) {
+  static Params to_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms) {
     Params params{};
-    const int64_t num_blocks = shape.num_seqs > 0 ? common::varlen_num_blocks(shape.seqlen_q, shape.num_seqs, kBlockM)
-                                                  : 0;
-    const int64_t num_tiles = num_blocks * shape.heads_q;
+    const int group = kPacked ? tiling.group : 1;
+    const int64_t num_blocks =
+        shape.num_seqs > 0 ? Numbering::num_blocks(shape.seqlen_q, shape.num_seqs, group) : 0;
+    const int64_t num_tiles = num_blocks * (shape.heads_q / group);
     params.num_blocks = static_cast<int>(num_blocks);
-    params.heads = shape.heads_q;
+    params.heads = shape.heads_q / group;
+    params.group = group;
     params.num_tiles = num_tiles > INT_MAX ? -1 : static_cast<int>(num_tiles);
     params.grid = static_cast<int>(num_tiles < num_sms ? num_tiles : num_sms);
     params.blocks_divmod = cutlass::FastDivmod(num_blocks > 0 ? params.num_blocks : 1);
@@ -81,17 +105,65 @@ struct FwdVarlenTileSchedulerSm90 {
     params.num_seqs = shape.num_seqs;
     params.total_q = shape.seqlen_q;
     params.total_k = shape.seqlen_k;
+    params.window_left = shape.window_left;
+    params.window_right = shape.window_right;
+    params.balanced = setting_int(Setting::kSm90VarlenWalk, 1) != 0;
     return params;
   }
 
   static int grid_size(const Params& params) { return params.num_tiles > 0 ? params.grid : 0; }
 
-  __host__ __device__ static int first_tile(const Params& params, int cta) {
-    return cta < params.num_tiles ? cta : params.num_tiles;
+  __host__ __device__ static VarlenBalanceInputs balance_inputs(const Params& params) {
+    return {params.cu_seqlens_q, params.cu_seqlens_k, params.seqused_q,  params.seqused_k,
+            params.num_seqs,     params.total_q,      params.total_k,    params.num_blocks,
+            params.heads,        params.group,        params.window_left, params.window_right};
   }
-  __host__ __device__ static int next_tile(const Params& params, int position, int, int grid) {
-    const int next = position + grid;
-    return next < params.num_tiles ? next : params.num_tiles;
+
+#if defined(__CUDA_ARCH__)
+  // CTA cta's positions (warp-collective: every lane of a converged warp; each walking warp calls it once). The
+  // ranges of the grid's CTAs cover [0, num_tiles) disjointly.
+  __device__ static Range cta_range(const Params& params, int cta, int grid) {
+    if (!params.balanced) return round_robin(params, cta, grid);
+    return Balance::cta_range(balance_inputs(params), params.num_tiles, cta, grid);
+  }
+#endif
+  // The same on the host (tests), with `lanes` simulated lanes.
+  static Range cta_range_host(const Params& params, int cta, int grid, int lanes = 32) {
+    if (!params.balanced) return round_robin(params, cta, grid);
+    return Balance::cta_range_host(balance_inputs(params), params.num_tiles, cta, grid, lanes);
+  }
+  __host__ __device__ static Range round_robin(const Params& params, int cta, int grid) {
+    return {cta < params.num_tiles ? cta : params.num_tiles, params.num_tiles, grid};
+  }
+
+  // The walk within a CTA's range: num_tiles once it is done.
+  __host__ __device__ static int first_tile(const Params& params, const Range& range) {
+    return range.begin < range.end ? range.begin : params.num_tiles;
+  }
+  __host__ __device__ static int next_tile(const Params& params, int range_end, int stride, int position) {
+    return position + stride < range_end ? position + stride : params.num_tiles;
+  }
+
+  // Sequence b's first virtual block; virtual block v's sequence and block within it (common::varlen_block's
+  // binary search, over this numbering).
+  __host__ __device__ static int first_block(const Params& params, int b) {
+    return Numbering::first_block(params.cu_seqlens_q, b, params.total_q, params.group);
+  }
+  __host__ __device__ static common::VarlenBlock find_block(const Params& params, int v) {
+    if constexpr (!kPacked) {
+      return common::varlen_block<kBlockM>(params.cu_seqlens_q, params.num_seqs, params.total_q, v);
+    } else {
+      int lo = 0, hi = params.num_seqs - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (first_block(params, mid) <= v) {
+          lo = mid;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      return {lo, v - first_block(params, lo)};
+    }
   }
 
   // position in [0, num_tiles). The offsets must be readable where it runs (the device; the host in
@@ -99,19 +171,19 @@ struct FwdVarlenTileSchedulerSm90 {
   __host__ __device__ static Tile tile(const Params& params, int position) {
     int head, virtual_block;
     params.blocks_divmod(head, virtual_block, position);
-    const common::VarlenBlock found =
-        common::varlen_block<kBlockM>(params.cu_seqlens_q, params.num_seqs, params.total_q, virtual_block);
+    const common::VarlenBlock found = find_block(params, virtual_block);
     const common::VarlenRows q = common::varlen_rows(params.cu_seqlens_q, params.seqused_q, found.seq, params.total_q);
     const common::VarlenRows k = common::varlen_rows(params.cu_seqlens_k, params.seqused_k, found.seq, params.total_k);
     // A block before its sequence's start (a not-from-zero or non-monotone array) has no work either.
-    const int m_block = found.block >= 0 ? found.block : common::ceil_div(q.used, kBlockM);
-    return {m_block, head, 0, q.start, k.start, q.used, k.used};
+    const int m_block = found.block >= 0 ? found.block : Numbering::row_blocks(q.used, params.group);
+    return {m_block, head, 0, q.start, k.start, q.used, k.used, params.group};
   }
 
   // Whether some tile writes query row t (of every head; t in [0, Tq)): t's sequence is the last whose clamped start
-  // is <= t, t must lie in its used rows, and the virtual block holding t must resolve (tile() above) to that very
-  // sequence and block. Then that block's tiles write t (store or store_empty: every used row of the tile); else no
-  // tile does, with well-formed offsets and without.
+  // is <= t, t must lie in its used rows, and each virtual block holding t (one; where packed, those of t's chunk in
+  // every query head of the group) must resolve (tile() above) to that very sequence and block. Then those blocks'
+  // tiles write t (store or store_empty: every used row of the tile); else no tile does, with well-formed offsets
+  // and without.
   __host__ __device__ static bool row_written(const Params& params, int t) {
     int lo = 0, hi = params.num_seqs - 1;
     while (lo < hi) {
@@ -125,12 +197,20 @@ struct FwdVarlenTileSchedulerSm90 {
     const common::VarlenRows q = common::varlen_rows(params.cu_seqlens_q, params.seqused_q, lo, params.total_q);
     const int row = t - q.start;
     if (row < 0 || row >= q.used) return false;
-    const int virtual_block = common::varlen_first_block<kBlockM>(params.cu_seqlens_q, lo, params.total_q) +
-                              row / kBlockM;
-    if (virtual_block >= params.num_blocks) return false;
-    const common::VarlenBlock found =
-        common::varlen_block<kBlockM>(params.cu_seqlens_q, params.num_seqs, params.total_q, virtual_block);
-    return found.seq == lo && found.block == row / kBlockM;
+    int block_lo = row / kBlockM, block_hi = block_lo;
+    if constexpr (kPacked) {
+      const int64_t chunk = int64_t(row / Numbering::kChunkRows) * params.group;
+      block_lo = int(chunk / Numbering::kChunksPerTile);
+      block_hi = int((chunk + params.group - 1) / Numbering::kChunksPerTile);
+    }
+    const int first = first_block(params, lo);
+    for (int block = block_lo; block <= block_hi; ++block) {
+      const int64_t virtual_block = int64_t(first) + block;
+      if (virtual_block >= params.num_blocks) return false;
+      const common::VarlenBlock found = find_block(params, int(virtual_block));
+      if (found.seq != lo || found.block != block) return false;
+    }
+    return true;
   }
 };
 
