@@ -65,7 +65,7 @@ template <flashjax::sm90::FwdKeyLoad kLoad>
 void print_config(const char* name) {
   using namespace flashjax::sm90;
   constexpr FwdTileSizes kTile = fwd_tile_sizes($hdim, kLoad);
-  using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_m, kTile.block_n, /*kSoftcap=*/false>;
+  using Kernel = FwdKernelSm90<$element, $hdim, kTile.block_m, kTile.block_n, /*kSoftcap=*/false, /*kPackGqa=*/false>;
   std::printf("   %-15s tile %d x %d: dynamic smem %d bytes (limit 232448)\\n", name, kTile.block_m, kTile.block_n,
               Kernel::kSmemBytes);
 }
