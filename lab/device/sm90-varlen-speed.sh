@@ -10,8 +10,8 @@
 #   2. compute-sanitizer memcheck on the sanitizer driver's varlen configs (two of them decode-shaped, GQA 4:1: the
 #      packed varlen kernel, one with malformed offsets);
 #   3. python bench/varlen.py --dirs fwd (pack64 cost <= 1.1, decode of copy >= 0.9; f34164c on the H100: pack64
-#      1.34, pack1000 1.02, decode 0.36), then its pack rows again with FLASHJAX_SM90_VARLEN_WALK=0 (round robin, the
-#      walk before the balanced ranges: the A/B of bar 6a's change in one build).
+#      1.34, pack1000 1.02, decode 0.36), then its pack rows again with FLASHJAX_SM90_VARLEN_WALK=1 (the balanced
+#      ranges; the default is round robin: the A/B of bar 6a's change in one build).
 #   0. (not by default) lab/experiments/sm90_varlen_sweep.cu, the kernel outside JAX on 300 random packings, then
 #      200 more with every GQA config packed (its build takes a few minutes).
 # STEPS picks steps (default "1 2 3").
@@ -80,9 +80,9 @@ fi
 if step 3; then
   timeout 400 $PY bench/varlen.py --dirs fwd > "$OUT/bench_varlen.log" 2>&1
   note "bench/varlen.py --dirs fwd rc $?"
-  FLASHJAX_SM90_VARLEN_WALK=0 timeout 300 $PY bench/varlen.py --dirs fwd --rows '^pack' \
+  FLASHJAX_SM90_VARLEN_WALK=1 timeout 300 $PY bench/varlen.py --dirs fwd --rows '^pack' \
     > "$OUT/bench_varlen_round_robin.log" 2>&1
-  note "bench/varlen.py pack rows, FLASHJAX_SM90_VARLEN_WALK=0 rc $?"
+  note "bench/varlen.py pack rows, FLASHJAX_SM90_VARLEN_WALK=1 rc $?"
 fi
 
 echo
@@ -91,6 +91,6 @@ for line in "${SUMMARY[@]}"; do echo "$line"; done
 if step 3; then
   echo "--- bench/varlen.py --dirs fwd (pack cost <= 1.1; decode of copy >= 0.9)"
   cat "$OUT/bench_varlen.log"
-  echo "--- the pack rows with FLASHJAX_SM90_VARLEN_WALK=0 (round robin)"
+  echo "--- the pack rows with FLASHJAX_SM90_VARLEN_WALK=1 (balanced ranges)"
   cat "$OUT/bench_varlen_round_robin.log"
 fi
