@@ -36,7 +36,7 @@ import tempfile
 from sass_waits import kernels, loops, opcode  # lab/tools/ is this script's directory
 
 # The bf16 one: a full kernel-set build also has the fp16 kernel of the same shape, listed first by cuobjdump.
-DEFAULT_KERNEL = r"bfloat16_tELi128ELi128ELi128ELb0ELb0ELb0EE"
+DEFAULT_KERNEL = r"bfloat16_tELi128ELi128ELi128E(Lb0E)+E"  # every compile-time flag false
 ADDRESSES = re.compile(r"0x[0-9a-f]+")
 REGISTERS = re.compile(r"\bU?R\d+\b|\bU?P\d\b")
 
