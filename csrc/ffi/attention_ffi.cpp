@@ -225,8 +225,8 @@ ffi::Error take_mask_tile_classes(AttnShape& p, const PassPlan& plan, ffi::Resul
                    " bytes; the planned kernel's tiles need " + std::to_string(layout.bytes));
   }
   // Block lists first (int32, at the buffer's start, which XLA aligns), then the classes.
-  p.mask_block_lists = layout.list_bytes > 0 ? reinterpret_cast<int32_t*>(classes->typed_data()) : nullptr;
-  p.mask_tile_classes = classes->typed_data() + layout.list_bytes;
+  p.mask_block_lists = layout.block_lists(classes->typed_data());
+  p.mask_tile_classes = layout.tile_classes(classes->typed_data());
   return ffi::Error::Success();
 }
 

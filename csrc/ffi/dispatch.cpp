@@ -105,7 +105,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // reference's tangent, primitives.py).
   if (problem.mask_mod && problem.varlen) {
     choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
-                    "the sm80 kernels)";
+                    "the kernels)";
     return choice;
   }
   // deterministic=True with varlen: no backward orders packed sequences' dq sums (the sm90 backward's counters are
@@ -115,7 +115,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     return choice;
   }
   if (problem.mask_mod && problem.direction == Direction::kTangent) {
-    choice.reason = "no tangent kernel implements mask_mod yet (the sm80 forward and backward do; jax.jvp of a "
+    choice.reason = "no tangent kernel implements mask_mod yet (the forward and backward kernels do; jax.jvp of a "
                     "mask-mod call evaluates the reference's tangent)";
     return choice;
   }

@@ -279,6 +279,12 @@ TEST_F(PlanCall, MaskModForwardsThatWalkListsCarryThemAheadOfTheClasses) {
   const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 128, 64, true);
   EXPECT_EQ(layout.list_bytes, 2 * 8 * 3 * (8 + 2) * 4);
   EXPECT_EQ(layout.bytes, 2 * 8 * 3 * (4 * (8 + 2) + 8));
+  std::vector<uint8_t> workspace(layout.bytes);  // split as the FFI handler splits it: lists first, classes after
+  EXPECT_EQ(layout.block_lists(workspace.data()), reinterpret_cast<int32_t*>(workspace.data()));
+  EXPECT_EQ(layout.tile_classes(workspace.data()), workspace.data() + layout.list_bytes);
+  const MaskTileClassesLayout classes_only = mask_tile_classes_layout(2, 8, 300, 500, 128, 64);
+  EXPECT_EQ(classes_only.block_lists(workspace.data()), nullptr);
+  EXPECT_EQ(classes_only.tile_classes(workspace.data()), workspace.data());
   p.mask_mod = false;  // no mask mod: no lists asked, no workspace
   EXPECT_TRUE(plan_call(p, device(80, 0), table, archs).fwd.workspace.empty());
   EXPECT_FALSE(g_seen_query.mask_mod);

@@ -325,8 +325,8 @@ void attach_mask(Arena& arena, const HostMask& m, const KernelEntry& kernel, fla
   uint8_t* workspace = arena.alloc<uint8_t>(layout.bytes);
   poison(workspace, layout.bytes);
   // As the FFI handler splits it (take_mask_tile_classes): the block lists first where the kernel walks them.
-  shape.mask_block_lists = layout.list_bytes > 0 ? reinterpret_cast<int32_t*>(workspace) : nullptr;
-  shape.mask_tile_classes = workspace + layout.list_bytes;
+  shape.mask_block_lists = layout.block_lists(workspace);
+  shape.mask_tile_classes = layout.tile_classes(workspace);
 }
 
 void expect_finite(const std::vector<float>& x, const char* name) {

@@ -97,6 +97,10 @@ struct MaskTileClassesLayout {
   int64_t list_bytes = 0;  // B * Hq * m_blocks * (n_blocks + 2) * 4 where the kernel walks block lists, else 0
   int64_t bytes = 0;       // list_bytes + B * Hq * m_blocks * n_blocks
   int64_t row_bytes() const { return int64_t(n_blocks) + (list_bytes > 0 ? 4 * (int64_t(n_blocks) + 2) : 0); }
+  // The parts of a workspace of this layout that starts at `base`: the block lists (nullptr where it has none), then
+  // the classes. The FFI handler and the sanitizer driver both split theirs here.
+  int32_t* block_lists(uint8_t* base) const { return list_bytes > 0 ? reinterpret_cast<int32_t*>(base) : nullptr; }
+  uint8_t* tile_classes(uint8_t* base) const { return base + list_bytes; }
 };
 
 constexpr MaskTileClassesLayout mask_tile_classes_layout(int32_t batch, int32_t heads_q, int32_t seqlen_q,
