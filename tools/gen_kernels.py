@@ -8,12 +8,12 @@ The table below is the only place that says which kernels exist. Running this sc
 CI runs `tools/gen_kernels.py --check`, which fails when the committed files differ from what it would write.
 
 Kernel sets (FLASHJAX_KERNEL_SET; CMake picks the rows and sources of one):
-  full    every row of the spec table: 6 (family, direction) pairs x 2 dtypes x 5 head dims, and the sm80 family's
-          99 KB rows (forward 256, backward 96-256, tangent 256) = 72 kernels
+  full    every row of the spec table: 6 (family, direction) pairs x 2 dtypes x 5 head dims, the sm80 family's
+          99 KB rows (forward 256, backward 96-256, tangent 256), and the sm90 fused jvp at D 64/96/128 = 78 kernels
   ci      CI_SET: one bf16 D 64 kernel per (family, direction), so that CI's 2-core build compiles every stage once,
           and the sm80 backward's D 256 99 KB row (V in registers, 32-key CTAs)
   bench   BENCH_SET: the sm90 forward, both backward families and both tangent families, bf16, D 64/128/192/256,
-          for kernel experiments
+          and the sm90 fused jvp at D 64/128, for kernel experiments
   none    no kernels (the host code and Python alone; every call then takes the reference)
 
 Each row names three functions of its family's launch.h, defined next to run_<direction> and instantiated with it
@@ -44,6 +44,7 @@ FAMILIES = {
     ("sm90", "fwd"): ("kernels/sm90/fwd_launch.cuh", "FwdParams"),
     ("sm90", "bwd"): ("kernels/sm90/bwd_launch.cuh", "BwdParams"),
     ("sm90", "tangent"): ("kernels/sm90/tangent_launch.cuh", "TangentParams"),
+    ("sm90", "jvp"): ("kernels/sm90/jvp_launch.cuh", "JvpParams"),
 }
 # Families that use arch-specific instructions (wgmma, setmaxnreg) compile only for their "a" target; CMake builds
 # them when FLASHJAX_CUDA_ARCHS has it and defines FLASHJAX_HAS_<FAMILY>, which guards their table rows.
@@ -53,7 +54,9 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 # Families that compile fewer head dims (the others fall back to a family that has them: dispatch picks the newest
 # family with a row for the call's width). Every family has all of them now (the sm90 backward since issue 36's
 # head-dim part).
-FAMILY_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {}
+# The fused jvp (primal and tangent in one kernel) holds O and its tangent in registers: D <= 128 only
+# (kernels/sm90/jvp_tile_sizes.cuh); wider calls run the forward + tangent pair, which every family has.
+FAMILY_HEAD_DIMS: dict[tuple[str, str], tuple[int, ...]] = {("sm90", "jvp"): (64, 96, 128)}
 # Shared-memory budgets, in KB per block, that a family's tiles are compiled for, with the head dims of each: the
 # launchers take the budget as a template argument, the tile-size functions (kernels/sm80/{fwd,bwd}_tile_sizes.cuh)
 # return the largest configuration that fits it, and dispatch takes the row with the most shared memory that fits the
@@ -89,7 +92,7 @@ MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fw
 # direction, dtype, head dim, shared-memory budget in KB or None).)
 CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 256, 99),
           ("sm80", "tangent", "bf16", 64, 163), ("sm90", "fwd", "bf16", 64, None), ("sm90", "bwd", "bf16", 64, None),
-          ("sm90", "tangent", "bf16", 64, None)}
+          ("sm90", "tangent", "bf16", 64, None), ("sm90", "jvp", "bf16", 64, None)}
 # The set a Hopper forward experiment needs (bench.py's grid rows: bf16, D 64/128/256, and 192 for
 # `--hdims 192 --hidden 1920`), so that kernel variants rebuild in minutes and are compared with
 # lab/tools/compare_builds.sh. The backward kernels are there because
@@ -98,7 +101,8 @@ CI_SET = {("sm80", "fwd", "bf16", 64, 163), ("sm80", "bwd", "bf16", 64, 163), ("
 BENCH_SET = ({(f, d, "bf16", h, b)
                for f, d, b in (("sm90", "fwd", None), ("sm80", "bwd", 163), ("sm80", "tangent", 163))
                for h in (64, 128, 192, 256)}
-             | {("sm90", d, "bf16", h, None) for d in ("bwd", "tangent") for h in (64, 128, 192, 256)})
+             | {("sm90", d, "bf16", h, None) for d in ("bwd", "tangent") for h in (64, 128, 192, 256)}
+             | {("sm90", "jvp", "bf16", h, None) for h in (64, 128)})
 
 
 def spec_table():

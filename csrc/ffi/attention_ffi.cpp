@@ -595,6 +595,47 @@ ffi::Error tangent_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuf
   return launch(plan, p, stream);
 }
 
+// The fused jvp (jax.jvp's primal and tangent in one kernel, issue 39): q, k, v, the tangents tq, tk, tv, then sinks
+// and their tangent when has_sinks (both or neither) -> out, lse (the forward's), t_out, t_lse (the tangent's).
+ffi::Error jvp_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::AnyBuffer tq, ffi::AnyBuffer tk, ffi::AnyBuffer tv, ffi::RemainingArgs optional,
+                    ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                    ffi::Result<ffi::AnyBuffer> t_out, ffi::Result<ffi::Buffer<ffi::F32>> t_lse, bool has_sinks,
+                    float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+  JvpParams p;
+  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
+    return err;
+  }
+  auto same = [](const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+    return a.element_type() == b.element_type() && a.element_count() == b.element_count() &&
+           a.dimensions().size() == b.dimensions().size();
+  };
+  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
+  if (!same(tq, q) || !same(tk, k) || !same(tv, v) || o->element_type() != q.element_type() ||
+      o->element_count() != q.element_count() || t_out->element_type() != q.element_type() ||
+      t_out->element_count() != q.element_count() || lse->element_count() != rows ||
+      t_lse->element_count() != rows) {
+    return invalid("jvp operands must be shaped like their primals: tq, out and t_out like q " +
+                   dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse [B, Hq, Sq]");
+  }
+  OptionalOperands slots(optional, 2);
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
+  p.q = q.untyped_data();
+  p.k = k.untyped_data();
+  p.v = v.untyped_data();
+  p.tq = tq.untyped_data();
+  p.tk = tk.untyped_data();
+  p.tv = tv.untyped_data();
+  p.o = o->untyped_data();
+  p.lse = lse->typed_data();
+  p.t_out = t_out->untyped_data();
+  p.t_lse = t_lse->typed_data();
+  const PassPlan plan = plan_for(ordinal, Direction::kJvp, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  return launch(plan, p, stream);
+}
+
 // What every target binds first: the stream, the device and q, k, v.
 auto qkv_binding() {
   return ffi::Ffi::Bind()
@@ -743,6 +784,23 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_varlen, flashjax::tangent_varlen_
                                   .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks, tsinks
                                   .Ret<ffi::AnyBuffer>()          // t_out [Tq, Hq, D]
                                   .Ret<ffi::Buffer<ffi::F32>>()),  // t_lse [Hq, Tq]
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_jvp, flashjax::jvp_impl,
+                              flashjax::qkv_binding()
+                                  .Arg<ffi::AnyBuffer>()          // tq
+                                  .Arg<ffi::AnyBuffer>()          // tk
+                                  .Arg<ffi::AnyBuffer>()          // tv
+                                  .RemainingArgs()                // sinks, tsinks [Hq] f32 (see OptionalOperands)
+                                  .Ret<ffi::AnyBuffer>()          // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [B, Hq, Sq]
+                                  .Ret<ffi::AnyBuffer>()          // t_out
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // t_lse [B, Hq, Sq]
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl, flashjax::with_bwd_attrs(flashjax::bwd_binding()),

@@ -54,6 +54,7 @@ std::string build_info_json() {
     kernels += std::string(kernels.empty() ? "" : ", ") + "{\"family\": \"" + e.family + "\", \"direction\": \"" +
                (e.direction == flashjax::Direction::kFwd   ? "fwd"
                 : e.direction == flashjax::Direction::kBwd ? "bwd"
+                : e.direction == flashjax::Direction::kJvp ? "jvp"
                                                            : "tangent") + "\", \"dtype\": \"" +
                dtype_json(e.dtype) + "\", \"head_dim\": " + std::to_string(e.head_dim) +
                ", \"smem_bytes\": " + std::to_string(e.smem_bytes) +

@@ -14,7 +14,10 @@ int family_min_sm(std::string_view family) {
 
 const char* dtype_name(DType dtype) { return dtype == DType::kFloat16 ? "fp16" : "bf16"; }
 const char* direction_name(Direction d) {
-  return d == Direction::kFwd ? "forward" : d == Direction::kBwd ? "backward" : "tangent";
+  return d == Direction::kFwd       ? "forward"
+         : d == Direction::kBwd     ? "backward"
+         : d == Direction::kTangent ? "tangent"
+                                    : "fused jvp";
 }
 
 // Bytes as KB (1024 bytes), with one decimal where it is not whole: "160 KB", "99 KB", "47.5 KB".
@@ -114,7 +117,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = "deterministic=True: no backward kernel orders the dq partials of varlen (packed) attention yet";
     return choice;
   }
-  if (problem.mask_mod && problem.direction == Direction::kTangent) {
+  if (problem.mask_mod && (problem.direction == Direction::kTangent || problem.direction == Direction::kJvp)) {
     choice.reason = "no tangent kernel implements mask_mod yet (the forward and backward kernels do; jax.jvp of a "
                     "mask-mod call evaluates the reference's tangent)";
     return choice;

@@ -13,8 +13,9 @@
 
 namespace flashjax {
 
-// kTangent: the forward-mode derivative (t_out, t_lse) of a forward (jax.jvp; TangentParams).
-enum class Direction : int32_t { kFwd = 0, kBwd = 1, kTangent = 2 };
+// kTangent: the forward-mode derivative (t_out, t_lse) of a forward (jax.jvp; TangentParams). kJvp: the forward and
+// its tangent in one kernel, (out, lse, t_out, t_lse) (jax.jvp's fused pass; JvpParams).
+enum class Direction : int32_t { kFwd = 0, kBwd = 1, kTangent = 2, kJvp = 3 };
 
 struct KernelEntry {
   const char* family;  // "sm80": the arch family the kernel is written for (its minimum compute capability)

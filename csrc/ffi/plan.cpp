@@ -29,7 +29,8 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
 std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
                                           bool deterministic, bool varlen, bool mask_mod,
                                           const FamilyChoices& choices) {
-  if (direction == Direction::kTangent) return {};  // the tangent kernel needs no workspace
+  // The tangent and fused jvp kernels need no workspace.
+  if (direction == Direction::kTangent || direction == Direction::kJvp) return {};
   const MaskTileClassesLayout classes =
       mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m,
                                choices.block_n, choices.mask_block_lists);
@@ -168,6 +169,7 @@ Plan plan_call(const Problem& problem, const DeviceProps& device, const std::vec
   plan.fwd = plan_pass(Direction::kFwd, problem, plan.device, table, compiled_archs, true);
   plan.bwd = plan_pass(Direction::kBwd, problem, plan.device, table, compiled_archs, true);
   plan.tangent = plan_pass(Direction::kTangent, problem, plan.device, table, compiled_archs, true);
+  plan.jvp = plan_pass(Direction::kJvp, problem, plan.device, table, compiled_archs, true);
   plan.reason = plan.fwd.kernel == nullptr ? plan.fwd.reason
                 : plan.bwd.kernel == nullptr ? plan.bwd.reason
                                              : plan.fwd.reason;
@@ -180,7 +182,7 @@ std::string plan_json(const Plan& plan) {
          std::to_string(plan.device.sm) + ", \"smem_per_block_optin\": " +
          std::to_string(plan.device.smem_per_block_optin) + ", \"num_sms\": " + std::to_string(plan.device.num_sms) +
          "}, \"fwd\": " + pass_json(plan.fwd) + ", \"bwd\": " + pass_json(plan.bwd) +
-         ", \"tangent\": " + pass_json(plan.tangent) + "}";
+         ", \"tangent\": " + pass_json(plan.tangent) + ", \"jvp\": " + pass_json(plan.jvp) + "}";
 }
 
 }  // namespace flashjax

@@ -68,6 +68,9 @@ struct Plan {
   // forward-mode (jax.jvp): the tangent pass. Not part of runs(): without a tangent kernel the lowering evaluates the
   // reference's tangent instead (primitives.py), so a call's forward and backward still run on kernels.
   PassPlan tangent;
+  // jax.jvp's fused pass (out, lse, t_out, t_lse in one kernel) where a kernel has it (the sm90 family at D <= 128,
+  // dense calls); elsewhere jax.jvp runs the forward and the tangent pass. Not part of runs() either.
+  PassPlan jvp;
   // A call takes the kernels only when both passes have one: a traced forward may be differentiated later.
   bool runs() const { return fwd.kernel != nullptr && bwd.kernel != nullptr; }
   std::string reason;  // why it runs the kernels (the forward's reason) or the reference (the first refusal)

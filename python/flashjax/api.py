@@ -555,4 +555,7 @@ def explain(q, k, v, *args, varlen=False, device_sm=None, **keywords) -> str:
         if tangent is not None:  # forward mode: the reference's tangent where no kernel has it (primitives.py)
             details += (f"; tangent (jax.jvp): {tangent['reason']}, {tangent['tile_reason']}" if tangent["family"]
                         else f"; tangent (jax.jvp): the reference's ({tangent['reason']})")
+        jvp = plan.get("jvp")
+        if jvp is not None and jvp["family"]:  # plain jax.jvp's fused pass (primitives.py); else forward + tangent
+            details += f"; fused jvp (plain jax.jvp): {jvp['reason']}, {jvp['tile_reason']}"
     return f"{shape}: {path} ({reason}{details})"

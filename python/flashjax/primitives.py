@@ -3,13 +3,19 @@
     fwd(q, k, v, sinks[, mask_bits])                               -> (out, lse)
     tangent(q, k, v, sinks, out, lse; tq, tk, tv, ts[, mask_bits]) -> (t_out, t_lse)   linear in (tq, tk, tv, ts)
     bwd(q, k, v, out, lse, d_out, d_lse, sinks[, mask_bits])       -> (dq, dk, dv, dsinks)
+    jvp(q, k, v, sinks, tq, tk, tv, ts)                            -> (out, lse, t_out, t_lse)   fwd and tangent fused
 
 mask_bits (has_mask_bits=True): a mask mod's packed bits (flashjax.mask_bits; uint32 [Bm, Hm, Sq, ceil(Sk / 32)],
 docs/design.md §2.6), computed once by the forward's caller and carried to the tangent and the backward as a residual.
 The kernels AND them with the band (the flashjax_*_mask_mod targets); the reference lowerings unpack them
 (`unpack_mask_bits`). They are integer data: never differentiated.
 
-fwd's JVP rule emits `tangent`; tangent's transpose rule runs `bwd`. jax.grad therefore runs the forward and
+fwd's JVP rule emits `jvp` (calls without mask bits, FLASHJAX_FUSED_JVP not 0) or `fwd` then `tangent`; tangent's
+transpose rule runs `bwd`. `jvp` is the fused pass of plain jax.jvp (flashjax_jvp: out, lse and their tangents in one
+kernel, S computed once; where the plan has no fused kernel for the call it lowers to the fwd + tangent pair). It
+exists only where all four outputs are wanted at once: its partial-evaluation rule splits it back into a known `fwd`
+and an unknown `tangent` whenever the tangent inputs are unknown (jax.linearize, jax.grad, which then transpose
+`tangent` as before), so that the primal stays known. jax.grad therefore runs the forward and
 backward kernels only, and jax.jvp evaluates `tangent` (the fused tangent kernel, flashjax_tangent: sm90 on Hopper,
 sm80 elsewhere, where the plan has one for the call; the reference's tangent otherwise). bwd's JVP rule (jvp of grad:
 forward-over-reverse) takes the primal from the backward kernel and the tangent from the reference backward's JVP. Not
@@ -26,11 +32,13 @@ twin is the whole call.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
+from jax._src.interpreters import partial_eval as pe  # custom_partial_eval_rules: no public spelling (jax 0.11)
 from jax.interpreters import ad, batching, mlir
 
 from . import _ffi, sharding
@@ -46,13 +54,15 @@ MASK_BITS_INDEX = {"fwd": 4, "tangent": 10, "bwd": 8}
 fwd_p = Primitive("flashjax_fwd")
 tangent_p = Primitive("flashjax_tangent")
 bwd_p = Primitive("flashjax_bwd")
-# What one device runs of each: the three above are partitioned into these when lowered (sharding.register below).
+jvp_p = Primitive("flashjax_jvp")
+# What one device runs of each: the four above are partitioned into these when lowered (sharding.register below).
 fwd_local_p = Primitive("flashjax_fwd_local")
 tangent_local_p = Primitive("flashjax_tangent_local")
 bwd_local_p = Primitive("flashjax_bwd_local")
+jvp_local_p = Primitive("flashjax_jvp_local")
 # Identity on its operands whose batching rule refuses vmap: varlen calls pass their arrays through it.
 varlen_guard_p = Primitive("flashjax_varlen_guard")
-for _p in (fwd_p, tangent_p, bwd_p, fwd_local_p, tangent_local_p, bwd_local_p, varlen_guard_p):
+for _p in (fwd_p, tangent_p, bwd_p, jvp_p, fwd_local_p, tangent_local_p, bwd_local_p, jvp_local_p, varlen_guard_p):
     _p.multiple_results = True
 
 
@@ -71,6 +81,10 @@ def _tangent_abstract(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **_)
     return _out_avals(q, v)
 
 
+def _jvp_abstract(q, k, v, sinks, tq, tk, tv, ts, **_):
+    return _out_avals(q, v) * 2
+
+
 def _bwd_abstract(q, k, v, out, lse, dout, dlse, sinks, *mask_bits, **_):
     return (jax.core.ShapedArray(q.shape, q.dtype), jax.core.ShapedArray(k.shape, k.dtype),
             jax.core.ShapedArray(v.shape, v.dtype), jax.core.ShapedArray(sinks.shape, jnp.float32))
@@ -83,10 +97,10 @@ def _eager_impl(prim):
     return impl
 
 
-for _p in (fwd_p, tangent_p, bwd_p, varlen_guard_p):
+for _p in (fwd_p, tangent_p, bwd_p, jvp_p, varlen_guard_p):
     _p.def_impl(_eager_impl(_p))
-for _p, _local in ((fwd_p, fwd_local_p), (tangent_p, tangent_local_p), (bwd_p, bwd_local_p)):
-    _abstract = {fwd_p: _fwd_abstract, tangent_p: _tangent_abstract, bwd_p: _bwd_abstract}[_p]
+for _p, _local in ((fwd_p, fwd_local_p), (tangent_p, tangent_local_p), (bwd_p, bwd_local_p), (jvp_p, jvp_local_p)):
+    _abstract = {fwd_p: _fwd_abstract, tangent_p: _tangent_abstract, bwd_p: _bwd_abstract, jvp_p: _jvp_abstract}[_p]
     _p.def_abstract_eval(_abstract)
     _local.def_abstract_eval(_abstract)
 varlen_guard_p.def_abstract_eval(lambda *xs: xs)
@@ -185,22 +199,78 @@ def _tangent_lowering(ctx, *args, **params):
                      params)
 
 
+def _jvp_composed(q, k, v, sinks, tq, tk, tv, ts, **params):
+    """What the fused pass computes, as the forward then the tangent: jvp_p's meaning wherever no fused kernel runs."""
+    out, lse = fwd_local_p.bind(q, k, v, sinks, **params)
+    t_out, t_lse = tangent_local_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params)
+    return out, lse, t_out, t_lse
+
+
+# The FFI operand order of the fused target: the required operands first, then the optional (sinks, tsinks).
+_JVP_FFI_ORDER = (0, 1, 2, 4, 5, 6, 3, 7)  # q, k, v, tq, tk, tv, sinks, ts
+
+
+def _jvp_lowering(ctx, *args, **params):
+    """The fused pass's FFI call (flashjax_jvp: the sm90 fused jvp kernel, D <= 128, dense) where the plan has one
+    for the call; else the forward and the tangent, each lowered as its own primitive is (their kernels, or the
+    reference's tangent)."""
+    plan = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)
+    if plan.get("jvp", {}).get("family") is None:
+        return mlir.lower_fun(_jvp_composed, multiple_results=True)(ctx, *args, **params)
+    ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in _JVP_FFI_ORDER])
+    return _ffi_call(_ffi.JVP_TARGET, ctx, [args[i] for i in _JVP_FFI_ORDER], {6: "has_sinks", 7: "has_sinks"}, params)
+
+
 mlir.register_lowering(fwd_local_p, _fwd_lowering, platform="cuda")
 mlir.register_lowering(bwd_local_p, _bwd_lowering, platform="cuda")
 mlir.register_lowering(tangent_local_p, _tangent_lowering, platform="cuda")
+mlir.register_lowering(jvp_local_p, _jvp_lowering, platform="cuda")
 sharding.register(fwd_p, "fwd", fwd_local_p.bind)
 sharding.register(tangent_p, "tangent", tangent_local_p.bind)
 sharding.register(bwd_p, "bwd", bwd_local_p.bind)
+sharding.register(jvp_p, "jvp", jvp_local_p.bind)
 mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 
 
 # ------------------------------------------------------------------------------------------------ autodiff
+def fused_jvp_enabled() -> bool:
+    """Whether fwd's JVP rule binds the fused pass (FLASHJAX_FUSED_JVP, read at trace time; on unless "0"). Off, jax.jvp
+    runs the forward and then the tangent pass, as before the fused kernel existed."""
+    return os.environ.get("FLASHJAX_FUSED_JVP", "1") != "0"
+
+
 def _fwd_jvp(primals, tangents, **params):
     q, k, v, sinks, *mask_bits = primals
-    out, lse = fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
     tq, tk, tv, ts = (ad.instantiate_zeros(t) for t in tangents[:4])
+    if not mask_bits and fused_jvp_enabled():
+        out, lse, t_out, t_lse = jvp_p.bind(q, k, v, sinks, tq, tk, tv, ts, **params)
+        return (out, lse), (t_out, t_lse)
+    out, lse = fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
     t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params)
     return (out, lse), (t_out, t_lse)
+
+
+def _jvp_partial_eval(trace, *tracers, **params):
+    """jvp_p under partial evaluation (jax.linearize, jax.grad: fwd's JVP rule traced with unknown tangents). Known
+    inputs: the fused pass itself. Otherwise the pair it fuses, each partially evaluated on its own, so that the
+    forward stays known wherever its inputs are (a fused primitive with unknown tangents would make out and lse unknown
+    too) and the unknown tangent is the `tangent` primitive the transpose rule knows."""
+    if all(t.pval.is_known() for t in tracers):
+        return trace.default_process_primitive(jvp_p, tracers, params)
+    q, k, v, sinks, tq, tk, tv, ts = tracers
+    out, lse = trace.default_process_primitive(fwd_p, (q, k, v, sinks), params)
+    t_out, t_lse = trace.default_process_primitive(tangent_p, (q, k, v, sinks, out, lse, tq, tk, tv, ts), params)
+    return [out, lse, t_out, t_lse]
+
+
+def _jvp_jvp(primals, tangents, **params):
+    """jvp of the fused pass (jvp of jvp): that of the pair it fuses."""
+    def pair(q, k, v, sinks, tq, tk, tv, ts):
+        out, lse = fwd_p.bind(q, k, v, sinks, **params)
+        t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params)
+        return out, lse, t_out, t_lse
+    outs, t_outs = jax.jvp(pair, tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
+    return outs, list(t_outs)
 
 
 def _tangent_transpose(cts, q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params):
@@ -238,6 +308,8 @@ def _bwd_jvp(primals, tangents, **params):
 
 ad.primitive_jvps[fwd_p] = _fwd_jvp
 ad.primitive_jvps[bwd_p] = _bwd_jvp
+ad.primitive_jvps[jvp_p] = _jvp_jvp
+pe.custom_partial_eval_rules[jvp_p] = _jvp_partial_eval
 ad.primitive_transposes[tangent_p] = _tangent_transpose
 ad.primitive_jvps[varlen_guard_p] = _guard_jvp
 
@@ -309,6 +381,7 @@ batching.primitive_batchers[fwd_p] = _batching_rule(fwd_p, per_head_args=(3,), m
 batching.primitive_batchers[tangent_p] = _batching_rule(tangent_p, per_head_args=(3, 9),
                                                         mask_index=MASK_BITS_INDEX["tangent"])
 batching.primitive_batchers[bwd_p] = _batching_rule(bwd_p, per_head_args=(7,), mask_index=MASK_BITS_INDEX["bwd"])
+batching.primitive_batchers[jvp_p] = _batching_rule(jvp_p, per_head_args=(3, 7), mask_index=None)
 batching.primitive_batchers[varlen_guard_p] = _guard_batching
 
 
@@ -361,3 +434,4 @@ def _reference_bwd(q, k, v, out, lse, dout, dlse, sinks, *mask_bits, softmax_sca
 mlir.register_lowering(fwd_local_p, mlir.lower_fun(_reference_fn, multiple_results=True))
 mlir.register_lowering(tangent_local_p, mlir.lower_fun(_reference_tangent, multiple_results=True))
 mlir.register_lowering(bwd_local_p, mlir.lower_fun(_reference_bwd, multiple_results=True))
+mlir.register_lowering(jvp_local_p, mlir.lower_fun(_jvp_composed, multiple_results=True))

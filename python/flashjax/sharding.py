@@ -57,6 +57,8 @@ SIGNATURES = {
                 ("q", "kv", "kv", "heads", "q", "rows", "q", "kv", "kv", "heads"), ("q", "rows")),
     "bwd": (("q", "k", "v", "out", "lse", "d_out", "d_lse", "sinks"),
             ("q", "kv", "kv", "q", "rows", "q", "rows", "heads"), ("q", "kv", "kv", "heads_sum")),
+    "jvp": (("q", "k", "v", "sinks", "q's tangent", "k's tangent", "v's tangent", "sinks' tangent"),
+            ("q", "kv", "kv", "heads", "q", "kv", "kv", "heads"), ("q", "rows", "q", "rows")),
     "dense": (("q", "k", "v"), ("q", "kv", "kv"), ("q", "kv", "kv")),
     "varlen": (("q", "k", "v"), ("packed_q", "packed_kv", "packed_kv"), ("packed_q", "packed_kv", "packed_kv")),
 }

@@ -7,11 +7,13 @@ namespace flashjax {
 namespace {
 
 // Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward and
-// backward (not the sm90 tangent); mask mods on the sm80 forward and backward and the sm90 forward.
+// backward (not the sm90 tangent nor the sm90 fused jvp); mask mods on the sm80 forward and backward and the sm90
+// forward.
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
-  const bool varlen = !(sm90 && d == Direction::kTangent);
-  const bool mask_mod = d != Direction::kTangent && !(sm90 && d != Direction::kFwd);
+  const bool tangent = d == Direction::kTangent || d == Direction::kJvp;
+  const bool varlen = !(sm90 && tangent);
+  const bool mask_mod = !tangent && !(sm90 && d != Direction::kFwd);
   return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
           varlen, mask_mod};
 }
@@ -340,6 +342,33 @@ TEST_F(ChooseKernelSharedMemory, ReportsFractionalKilobytes) {
   EXPECT_EQ(c.kernel, nullptr);
   EXPECT_NE(c.reason.find("needs 47.5 KB of shared memory per block; sm_86 allows 40 KB"), std::string::npos)
       << c.reason;
+}
+
+// The fused jvp exists on Hopper only (sm90 rows at D <= 128): elsewhere, for varlen and for mask mods dispatch finds
+// none and explains why, and the caller runs the forward + tangent pair.
+TEST(FusedJvpDispatch, OnlyOnHopperDenseCalls) {
+  const std::vector<std::string> archs = {"80-real", "90a-real"};
+  const std::vector<KernelEntry> rows = {entry("sm80", Direction::kTangent, DType::kBFloat16, 128),
+                                         entry("sm90", Direction::kJvp, DType::kBFloat16, 128, 192 * 1024)};
+  ProblemKey key;
+  key.direction = Direction::kJvp;
+  key.dtype = DType::kBFloat16;
+  key.head_dim = 128;
+  const Choice hopper = choose_kernel(90, archs, key, rows);
+  ASSERT_NE(hopper.kernel, nullptr) << hopper.reason;
+  EXPECT_EQ(hopper.kernel->direction, Direction::kJvp);
+  EXPECT_NE(hopper.reason.find("sm90 fused jvp kernel"), std::string::npos) << hopper.reason;
+  const Choice ampere = choose_kernel(80, archs, key, rows);
+  EXPECT_EQ(ampere.kernel, nullptr);
+  EXPECT_NE(ampere.reason.find("no fused jvp kernel"), std::string::npos) << ampere.reason;
+  key.head_dim = 256;
+  EXPECT_EQ(choose_kernel(90, archs, key, rows).kernel, nullptr);
+  key.head_dim = 128;
+  key.varlen = true;
+  EXPECT_EQ(choose_kernel(90, archs, key, rows).kernel, nullptr);
+  key.varlen = false;
+  key.mask_mod = true;
+  EXPECT_EQ(choose_kernel(90, archs, key, rows).kernel, nullptr);
 }
 
 }  // namespace

@@ -106,14 +106,21 @@ def test_grad_through_lse_only():
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
 
 
-def test_jvp_runs_tangent_and_matches_reference():
+@pytest.mark.parametrize("fused", [True, False])
+def test_jvp_runs_tangent_and_matches_reference(monkeypatch, fused):
+    # Plain jax.jvp binds the fused pass (flashjax_jvp) unless FLASHJAX_FUSED_JVP=0, then the forward and the tangent.
+    monkeypatch.setenv("FLASHJAX_FUSED_JVP", "1" if fused else "0")
     params = _params()
     args = _inputs(4)
     tangents = _inputs(5)
     cts = _cotangents(4)
     jvp_prim = lambda *a: jax.jvp(_loss_prim(params, *cts), args, a)
     names = _primitive_names(jax.make_jaxpr(jvp_prim)(*tangents).jaxpr)
-    assert "flashjax_tangent" in names and "flashjax_bwd" not in names
+    assert "flashjax_bwd" not in names
+    if fused:
+        assert "flashjax_jvp" in names and not {"flashjax_fwd", "flashjax_tangent"} & names
+    else:
+        assert {"flashjax_fwd", "flashjax_tangent"} <= names and "flashjax_jvp" not in names
     _, got = jvp_prim(*tangents)
     _, want = jax.jvp(_loss_ref(params, *cts), args, tangents)
     np.testing.assert_allclose(got, want, rtol=1e-4)

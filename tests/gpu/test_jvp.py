@@ -1,8 +1,11 @@
 """Forward mode on the kernels (issue 39): jax.jvp, jax.linearize, jax.jacfwd, jvp of grad and vmap of jvp of
 flash_attn against the reference, with random tangents for every input (sinks included).
 
-The tangent (flashjax_tangent) runs on the sm90 tangent kernel on Hopper (the sm80 one with
-FLASHJAX_DISABLE_FAMILIES=sm90) and on the sm80 one on every other GPU; the jvp of the backward (forward over reverse)
+Plain jax.jvp runs the fused pass (flashjax_jvp: out, lse and their tangents in one sm90 kernel) on Hopper at D <= 128
+for dense calls; elsewhere, and under jax.linearize / jax.grad, the forward and then the tangent (flashjax_tangent),
+which runs on the sm90 tangent kernel on Hopper (the sm80 one with FLASHJAX_DISABLE_FAMILIES=sm90) and on the sm80 one
+on every other GPU. The sweep and the cases below go through plain jax.jvp, so they test the fused kernel where it
+exists; the jvp of the backward (forward over reverse)
 takes its primal from the backward kernel and its tangent from the reference backward's JVP
 (primitives._bwd_jvp). Errors are relative by norm against the f32 reference on the same rounded inputs; the
 tangents get the gradients' tolerance (twice the forward's, docs/design.md §5), jvp of grad four times it.
@@ -104,15 +107,70 @@ def _rel(got, want):
     return sweep.rel_err(np.asarray(got, np.float64), np.asarray(want, np.float64))
 
 
+def _sm90_enabled():
+    return _hopper() and "sm90" not in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "")
+
+
+def _fused_jvp_expected(d):
+    return _sm90_enabled() and d <= 128 and os.environ.get("FLASHJAX_FUSED_JVP", "1") != "0"
+
+
 def test_the_jvp_lowers_to_the_tangent_kernel_and_explain_names_it():
+    # jax.linearize never fuses: its tangent is the tangent kernel's, on Hopper the sm90 one.
     q, k, v = _small(0, sq=300, sk=300, d=128)
     f = lambda q, k, v: flashjax.flash_attn(q, k, v, causal=True, backend="kernel")
-    text = jax.jit(lambda p, t: jax.jvp(f, p, t)).lower((q, k, v), (q, k, v)).as_text()
-    assert "flashjax_tangent" in text
+    text = jax.jit(lambda p, t: jax.linearize(f, *p)[1](*t)).lower((q, k, v), (q, k, v)).as_text()
+    assert "flashjax_tangent" in text and "flashjax_jvp" not in text
     explained = flashjax.explain(q, k, v, causal=True)
     # Hopper: the sm90 tangent kernel (unless FLASHJAX_DISABLE_FAMILIES=sm90); every other GPU: the sm80 one.
-    family = "sm90" if _hopper() and "sm90" not in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "") else "sm80"
+    family = "sm90" if _sm90_enabled() else "sm80"
     assert re.search(rf"tangent \(jax\.jvp\): {family} tangent kernel", explained), explained
+    if _sm90_enabled():
+        assert re.search(r"fused jvp \(plain jax\.jvp\): sm90 fused jvp kernel", explained), explained
+
+
+FUSED_CASES = [_case(d=d, sq=sq, sk=sk, causal=causal, **kw)
+               for d in (64, 96, 128, 256) for causal in (False, True)
+               for sq, sk, kw in ((333, 517, {}), (517, 300, {"sinks": True, "softcap": 5.0}))]
+
+
+@pytest.mark.parametrize("cfg", FUSED_CASES, ids=str)
+def test_plain_jvp_runs_the_fused_kernel_at_d_up_to_128(cfg):
+    """Plain jax.jvp lowers to flashjax_jvp on Hopper at D 64/96/128 and to flashjax_fwd + flashjax_tangent at D 256
+    (and everywhere off Hopper); either way it matches the reference."""
+    rng = np.random.default_rng([SEED, 240_000 + FUSED_CASES.index(cfg)])
+    primals, tangents = sweep.make_tangent_inputs(cfg, rng)
+    p = tuple(x for x in primals if x is not None)
+    t = tuple(x for x in tangents if x is not None)
+    f = sweep.attention(cfg, "kernel")
+    g = (lambda *a: f(*a)) if len(p) == 4 else (lambda q, k, v: f(q, k, v, None))
+    text = jax.jit(lambda p, t: jax.jvp(g, p, t)).lower(p, t).as_text()
+    if _fused_jvp_expected(cfg.head_dim):
+        assert "flashjax_jvp" in text and "flashjax_tangent" not in text and "@flashjax_fwd" not in text
+    else:
+        assert "flashjax_tangent" in text and "flashjax_jvp" not in text
+    _assert_jvp_matches(cfg, np.random.default_rng([SEED, 240_000 + FUSED_CASES.index(cfg)]), f"seed {SEED}")
+
+
+@pytest.mark.parametrize("cfg", [_case(d=64, sq=400, sk=700, hq=8, hk=2, causal=True, sinks=True),
+                                 _case(dtype="float16", d=128, sq=777, sk=513, softcap=20.0, window_size=(90, 7))],
+                         ids=str)
+def test_fused_jvp_agrees_with_forward_then_tangent(cfg, monkeypatch):
+    """The fused pass against the pair it replaces (FLASHJAX_FUSED_JVP=0), same inputs: out and lse as the forward
+    writes them, the tangents within the tangents' tolerance."""
+    rng = np.random.default_rng([SEED, 250_000])
+    primals, tangents = sweep.make_tangent_inputs(cfg, rng)
+    fused = sweep.run_jvp(cfg, primals, tangents, "kernel")
+    monkeypatch.setenv("FLASHJAX_FUSED_JVP", "0")
+    pair = sweep.run_jvp(cfg, primals, tangents, "kernel")
+    tol = sweep.TOLERANCE[cfg.dtype]
+    (out_f, lse_f), (t_out_f, t_lse_f) = fused
+    (out_p, lse_p), (t_out_p, t_lse_p) = pair
+    assert _rel(out_f, out_p) <= tol and _rel(t_out_f, t_out_p) <= 2 * tol
+    finite = np.isfinite(np.asarray(lse_p))
+    assert np.array_equal(np.isfinite(np.asarray(lse_f)), finite)
+    assert _rel(np.asarray(lse_f)[finite], np.asarray(lse_p)[finite]) <= tol
+    assert _rel(t_lse_f, t_lse_p) <= 2 * tol
 
 
 def test_linearize_matches_jvp():

@@ -47,6 +47,7 @@ namespace {
 using flashjax::BwdParams;
 using flashjax::DType;
 using flashjax::FwdParams;
+using flashjax::JvpParams;
 using flashjax::KernelEntry;
 using flashjax::TangentParams;
 
@@ -129,6 +130,7 @@ struct Variant {
   const KernelEntry* varlen_tangent;  // what dispatch picks for a varlen tangent (nullptr: none)
   const KernelEntry* mask_fwd;  // what dispatch picks for a mask mod (the sm80 family; nullptr: none)
   const KernelEntry* mask_bwd;
+  const KernelEntry* jvp = nullptr;  // the fused jvp (sm90, D <= 128; nullptr: none, the config skips it)
 };
 
 struct Failure {
@@ -500,8 +502,8 @@ TangentParams run_tangent_pass(const FwdParams& fp, const KernelEntry& kernel, u
 // The dense tangent, checked against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
 // t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
 // t_sink (0 without sinks).
-void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
-                 cudaStream_t stream) {
+TangentParams run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
+                          cudaStream_t stream) {
   const int D = variant.head_dim;
   const DType dtype = variant.dtype;
   const Sizes sizes = sizes_of(fp);
@@ -586,6 +588,63 @@ void run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, u
     throw Failure{"t_lse differs from the float64 reference: relative error " +
                   std::to_string(std::sqrt(lse_err2 / lse_ref2))};
   }
+  return tp;
+}
+
+// The fused jvp (the forward and its tangent in one kernel) on the inputs and tangents of the forward and tangent
+// passes that ran before it (both checked against float64): its out and t_out against theirs (relative error), its
+// lse and t_lse row by row (the same infinities: empty rows' -inf lse), and every output written (they start as NaN).
+void run_jvp(const Config& c, const Variant& variant, const FwdParams& fp, const TangentParams& tp, Arena& arena,
+             cudaStream_t stream) {
+  const Sizes n = sizes_of(fp);
+  JvpParams jp;
+  static_cast<flashjax::AttnShape&>(jp) = fp;
+  jp.q = fp.q;
+  jp.k = fp.k;
+  jp.v = fp.v;
+  jp.sinks = fp.sinks;
+  jp.tq = tp.tq;
+  jp.tk = tp.tk;
+  jp.tv = tp.tv;
+  jp.tsinks = tp.tsinks;
+  jp.o = alloc_element(arena, n.q);
+  jp.lse = arena.alloc<float>(n.lse);
+  jp.t_out = alloc_element(arena, n.q);
+  jp.t_lse = arena.alloc<float>(n.lse);
+  poison(jp.o, 2 * n.q);
+  poison(jp.lse, 4 * n.lse);
+  poison(jp.t_out, 2 * n.q);
+  poison(jp.t_lse, 4 * n.lse);
+  launch_and_wait(*variant.jvp, jp, stream, "fused jvp");
+  const double tolerance = variant.dtype == DType::kFloat16 ? 4e-3 : 2e-2;  // the tangent's
+  const auto compare = [&](const std::vector<float>& got, const std::vector<float>& want, const char* name) {
+    expect_finite(got, name);
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err2 += double(got[i] - want[i]) * (got[i] - want[i]);
+      ref2 += double(want[i]) * want[i];
+    }
+    if (ref2 > 0 && std::sqrt(err2 / ref2) > tolerance) {
+      throw Failure{std::string("fused jvp: ") + name + " differs from the separate passes' by " +
+                    std::to_string(std::sqrt(err2 / ref2))};
+    }
+  };
+  compare(elements_to_host(jp.o, n.q, fp.dtype), elements_to_host(fp.o, n.q, fp.dtype), "out");
+  compare(elements_to_host(jp.t_out, n.q, fp.dtype), elements_to_host(tp.t_out, n.q, fp.dtype), "t_out");
+  const std::vector<float> lse = floats_to_host(jp.lse, n.lse), want_lse = floats_to_host(fp.lse, n.lse);
+  const std::vector<float> t_lse = floats_to_host(jp.t_lse, n.lse), want_t_lse = floats_to_host(tp.t_lse, n.lse);
+  expect_finite(t_lse, "fused jvp t_lse");
+  for (int64_t i = 0; i < n.lse; ++i) {
+    const bool same_lse = std::isinf(want_lse[i]) ? lse[i] == want_lse[i]
+                                                   : std::abs(lse[i] - want_lse[i]) <= 1e-3f * std::max(1.f, std::abs(want_lse[i]));
+    const bool same_t_lse = std::abs(t_lse[i] - want_t_lse[i]) <= 2e-2f * std::max(1.f, std::abs(want_t_lse[i]));
+    if (!same_lse || !same_t_lse) {
+      throw Failure{"fused jvp: row " + std::to_string(i) + " lse " + std::to_string(lse[i]) + " / " +
+                    std::to_string(want_lse[i]) + ", t_lse " + std::to_string(t_lse[i]) + " / " +
+                    std::to_string(want_t_lse[i])};
+    }
+  }
+  (void)c;
 }
 
 void run_config(int index, const Config& c, const Variant& variant, cudaStream_t stream) {
@@ -609,7 +668,10 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   const HostMask mask = make_mask(c, seed);
   attach_mask(arena, mask, *variant.fwd, fp);
   run_forward(arena, fp, *variant.fwd, c.sinks, c.num_splits, seed, stream);
-  if (variant.tangent != nullptr) run_tangent(c, variant, fp, seed, arena, stream);
+  if (variant.tangent != nullptr) {
+    const TangentParams tp = run_tangent(c, variant, fp, seed, arena, stream);
+    if (variant.jvp != nullptr) run_jvp(c, variant, fp, tp, arena, stream);
+  }
   const BwdParams bp = run_backward(
       arena, fp, *variant.bwd, flashjax::bwd_workspace_layout(c.batch, c.heads_q, c.seqlen_q, D), c.dlse,
       c.deterministic ? flashjax::bwd_dq_semaphores(c.batch, c.heads_q, c.seqlen_q) : 0, seed, stream, &mask);
@@ -919,6 +981,9 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kTangent;
     const flashjax::Choice tangent = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                              flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kJvp;
+    const flashjax::Choice jvp = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
+                                                         flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.direction = flashjax::Direction::kBwd;
     key.varlen = true;  // the varlen configs' kernels (the rows that take packed sequences: gen_kernels.py's VARLEN)
     const flashjax::Choice varlen_bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
@@ -939,7 +1004,7 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
                                                               flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
-                          tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel});
+                          tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel, jvp.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -1040,10 +1105,12 @@ int main(int argc, char** argv) {
       variant.fwd = variant.mask_fwd;
       variant.bwd = variant.mask_bwd;
       variant.tangent = nullptr;
+      variant.jvp = nullptr;
     }
-    std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s", i, describe(kConfigs[i]).c_str(),
+    std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s jvp %s", i, describe(kConfigs[i]).c_str(),
                 dtype_name(variant.dtype), variant.head_dim, variant.fwd->family, variant.bwd->family,
-                variant.tangent != nullptr ? variant.tangent->family : "none");
+                variant.tangent != nullptr ? variant.tangent->family : "none",
+                variant.jvp != nullptr ? variant.jvp->family : "none");
     if (!attempt(i, [&] { run_config(i, kConfigs[i], variant, stream); })) return 1;
   }
   // The varlen configs rotate over the widths too (each width's 99 KB row where FLASHJAX_SMEM_LIMIT_KB=99 says so).

@@ -152,4 +152,22 @@ struct TangentParams : AttnShape {
   float* t_lse = nullptr;          // lse's layout
 };
 
+// Fused jvp (issue 39): (q, k, v, tq, tk, tv[, sinks, tsinks]) -> (o, lse, t_out, t_lse), the forward and its tangent
+// in one pass (S computed once; docs/design.md §3.7). o and lse are exactly the forward's (FwdParams), t_out and
+// t_lse the tangent's (TangentParams): each tangent has its primal's layout and strides. No workspace.
+struct JvpParams : AttnShape {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* sinks = nullptr;    // optional [Hq]; tsinks is given exactly when sinks is
+  const void* tq = nullptr;
+  const void* tk = nullptr;
+  const void* tv = nullptr;
+  const float* tsinks = nullptr;   // [Hq]
+  void* o = nullptr;
+  float* lse = nullptr;            // [B, Hq, Sq]
+  void* t_out = nullptr;           // o's layout
+  float* t_lse = nullptr;          // lse's layout
+};
+
 }  // namespace flashjax

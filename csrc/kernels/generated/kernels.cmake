@@ -75,6 +75,12 @@ set(FLASHJAX_SM90_SOURCES_FULL
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_fp16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_fp16_hdim96.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_fp16_hdim128.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_bf16_hdim96.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_bf16_hdim128.cu
 )
 set(FLASHJAX_SM90_ARCH 90a)
 set(FLASHJAX_KERNEL_SOURCES_CI
@@ -87,6 +93,7 @@ set(FLASHJAX_SM90_SOURCES_CI
   ${CMAKE_CURRENT_LIST_DIR}/sm90_fwd_bf16_hdim64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_bwd_bf16_hdim64.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_bf16_hdim64.cu
 )
 set(FLASHJAX_KERNEL_SOURCES_BENCH
   ${CMAKE_CURRENT_LIST_DIR}/sm80_bwd_bf16_hdim64.cu
@@ -111,4 +118,6 @@ set(FLASHJAX_SM90_SOURCES_BENCH
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim128.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim192.cu
   ${CMAKE_CURRENT_LIST_DIR}/sm90_tangent_bf16_hdim256.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_bf16_hdim64.cu
+  ${CMAKE_CURRENT_LIST_DIR}/sm90_jvp_bf16_hdim128.cu
 )

@@ -49,4 +49,15 @@ FamilyChoices tangent_choices(const AttnShape& shape, const ChoiceQuery& query);
 template <typename Element, int kHeadDim>
 int tangent_smem_bytes();
 
+// The Hopper fused jvp (jax.jvp's primal and tangent in one kernel; jvp_launch.cuh): dense calls, D <= 128 only.
+// Same contract as run_fwd.
+template <typename Element, int kHeadDim>
+cudaError_t run_jvp(const JvpParams& params, cudaStream_t stream);
+
+template <typename Element, int kHeadDim>
+FamilyChoices jvp_choices(const AttnShape& shape, const ChoiceQuery& query);
+
+template <typename Element, int kHeadDim>
+int jvp_smem_bytes();
+
 }  // namespace flashjax::sm90
