@@ -25,6 +25,8 @@ which only the reference lowerings use (off CUDA: per sequence instead of all Tq
 """
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
@@ -76,8 +78,11 @@ def _plan(ctx, num_offsets, *, softcap, window_left, window_right, has_sinks, **
 
 def _cuda_lowering(ctx, *args, **params):
     """The forward's FFI call: the plain target, or where the plan hands tiles out at run time
-    (FLASHJAX_SM90_VARLEN_WALK=2) the dynamic one with the counter its plan sizes as workspace."""
-    workspace = _plan(ctx, ctx.avals_in[3].shape[0], **params)["fwd"].get("workspace", [])
+    (FLASHJAX_SM90_VARLEN_WALK=2) the dynamic one with the counter its plan sizes as workspace. The plan is asked only
+    when the variable is set: the library reads it once per process, and unset it has no workspace."""
+    workspace = []
+    if os.environ.get("FLASHJAX_SM90_VARLEN_WALK"):
+        workspace = _plan(ctx, ctx.avals_in[3].shape[0], **params)["fwd"].get("workspace", [])
     if not workspace:
         return primitives._ffi_call(_ffi.FWD_VARLEN_TARGET, ctx, args, _OPTIONAL, _ffi_params(params))
     return primitives._ffi_call(_ffi.FWD_VARLEN_DYNAMIC_TARGET, ctx, args, _OPTIONAL, _ffi_params(params),
