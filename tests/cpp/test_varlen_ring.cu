@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <random>
 #include <vector>
 
@@ -158,6 +159,17 @@ TEST(VarlenRing, EveryWarpSeesTheFetchersPositions) {
     }
     for (int p = 0; p < num_tiles; ++p) ASSERT_EQ(visits[p], 1) << "trial " << trial << " position " << p;
   }
+}
+
+// Tickets past the walk, and a counter nobody zeroed, end it: no position outside [0, num_tiles).
+TEST(VarlenRing, TicketsOutsideTheWalkEndIt) {
+  EXPECT_EQ(Ring::position_of_ticket(0, 3, 10), 3);
+  EXPECT_EQ(Ring::position_of_ticket(6, 3, 10), 9);
+  EXPECT_EQ(Ring::position_of_ticket(7, 3, 10), 10);
+  EXPECT_EQ(Ring::position_of_ticket(-1, 3, 10), 10);
+  EXPECT_EQ(Ring::position_of_ticket(INT_MIN, 3, 10), 10);
+  EXPECT_EQ(Ring::position_of_ticket(INT_MAX - 5, 132, INT_MAX), INT_MAX);
+  EXPECT_EQ(Ring::position_of_ticket(0, 4, 4), 4);
 }
 
 }  // namespace

@@ -44,9 +44,9 @@ struct VarlenTicketRing {
   __host__ __device__ static uint32_t parity_of(int n) { return (n / kDepth) & 1; }
   // The position ticket t gives on a grid of `grid` CTAs (grid <= num_tiles), num_tiles once the walk is used up.
   // Tickets start at 0 and each CTA draws one past the end at most, but the comparison never forms grid + t (num_tiles
-  // may be near INT_MAX).
+  // may be near INT_MAX); a negative one (a counter nobody zeroed) ends the walk rather than leave [0, num_tiles).
   __host__ __device__ static int position_of_ticket(int ticket, int grid, int num_tiles) {
-    return ticket < num_tiles - grid ? grid + ticket : num_tiles;
+    return ticket >= 0 && ticket < num_tiles - grid ? grid + ticket : num_tiles;
   }
 
 #if defined(__CUDA_ARCH__)
