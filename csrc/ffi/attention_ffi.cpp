@@ -322,13 +322,14 @@ ffi::Error fill_varlen_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::A
 }
 
 // The varlen forward: operands as fill_varlen_shape's; optional seqused_q, seqused_k ([N] int32) and sinks ([Hq]
-// f32), in that order, as their flags say.
-ffi::Error fwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
-                           ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
-                           ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_seqused_k, bool has_seqused_q,
-                           bool has_sinks, float softcap, float softmax_scale, int32_t window_left,
-                           int32_t window_right) {
+// f32), in that order, as their flags say. tile_counter: the dynamic walk's workspace (flashjax_fwd_varlen_dynamic),
+// nullptr for the plain target.
+ffi::Error fwd_varlen_run(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                          ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
+                          ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                          ffi::Result<ffi::Buffer<ffi::F32>> lse, int32_t* tile_counter, bool has_seqused_k,
+                          bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale, int32_t window_left,
+                          int32_t window_right) {
   FwdParams p;
   if (auto err = fill_varlen_shape(p, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, softcap, window_left,
                                    window_right);
@@ -349,9 +350,37 @@ ffi::Error fwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   p.v = v.untyped_data();
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
+  p.varlen_tile_counter = tile_counter;
   const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
   apply_choices(plan, p);
   return launch(plan, p, stream);
+}
+
+ffi::Error fwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
+                           ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                           ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_seqused_k, bool has_seqused_q,
+                           bool has_sinks, float softcap, float softmax_scale, int32_t window_left,
+                           int32_t window_right) {
+  return fwd_varlen_run(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse, nullptr,
+                        has_seqused_k, has_seqused_q, has_sinks, softcap, softmax_scale, window_left, window_right);
+}
+
+// The same with the dynamic walk's counter (FLASHJAX_SM90_VARLEN_WALK=2; the plan's tile_counter workspace), which
+// the launcher zeroes; a family that walks statically leaves it unused.
+ffi::Error fwd_varlen_dynamic_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                   ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                                   ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::RemainingArgs optional,
+                                   ffi::Result<ffi::AnyBuffer> o, ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                                   ffi::Result<ffi::Buffer<ffi::S32>> tile_counter, bool has_seqused_k,
+                                   bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale,
+                                   int32_t window_left, int32_t window_right) {
+  if (tile_counter->element_count() < static_cast<size_t>(kVarlenTileCounterInts)) {
+    return invalid("varlen tile-counter workspace is smaller than the walk needs");
+  }
+  return fwd_varlen_run(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse,
+                        tile_counter->typed_data(), has_seqused_k, has_seqused_q, has_sinks, softcap, softmax_scale,
+                        window_left, window_right);
 }
 
 // What every backward target shares once the shape is filled and the pass planned: the workspace checked against
@@ -763,6 +792,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen, flashjax::fwd_varlen_impl,
                                   .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks [Hq] f32
                                   .Ret<ffi::AnyBuffer>()          // o [Tq, Hq, D]
                                   .Ret<ffi::Buffer<ffi::F32>>()),  // lse [Hq, Tq]
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen_dynamic, flashjax::fwd_varlen_dynamic_impl,
+                              flashjax::with_varlen_attrs(flashjax::qkv_binding()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
+                                  .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks [Hq] f32
+                                  .Ret<ffi::AnyBuffer>()          // o [Tq, Hq, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [Hq, Tq]
+                                  .Ret<ffi::Buffer<ffi::S32>>()),  // workspace: tile_counter
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent, flashjax::tangent_impl,

@@ -39,6 +39,7 @@ std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& 
                                           "uint8"};
   if (direction == Direction::kFwd) {
     if (mask_mod) return {classes_buffer};  // mask-mod forwards never split
+    if (varlen && choices.varlen_tile_counter) return {{"tile_counter", {kVarlenTileCounterInts}, "int32"}};
     if (num_splits <= 1) return {};
     return {{"o_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q, shape.head_dim}},
             {"lse_partial", {shape.batch, num_splits, shape.heads_q, shape.seqlen_q}}};

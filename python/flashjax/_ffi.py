@@ -23,6 +23,8 @@ FWD_SPLIT_TARGET = "flashjax_fwd_split"  # the forward with split keys and its w
 BWD_TARGET = "flashjax_bwd"
 BWD_DETERMINISTIC_TARGET = "flashjax_bwd_deterministic"  # deterministic=True: with the dq ordering counters
 FWD_VARLEN_TARGET = "flashjax_fwd_varlen"  # packed sequences (varlen_kernel.py)
+# the same with the tile counter of the run-time walk (FLASHJAX_SM90_VARLEN_WALK=2) as its workspace
+FWD_VARLEN_DYNAMIC_TARGET = "flashjax_fwd_varlen_dynamic"
 BWD_VARLEN_TARGET = "flashjax_bwd_varlen"
 TANGENT_TARGET = "flashjax_tangent"  # forward mode: the tangent primitive (primitives.py)
 TANGENT_VARLEN_TARGET = "flashjax_tangent_varlen"  # its varlen twin (varlen_kernel.py)
@@ -31,7 +33,7 @@ BWD_MASK_MOD_TARGET = "flashjax_bwd_mask_mod"
 JVP_TARGET = "flashjax_jvp"  # jax.jvp's fused pass: out, lse and their tangents in one kernel (primitives.py)
 KERNEL_TARGETS = (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
                   BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET, BWD_MASK_MOD_TARGET,
-                  JVP_TARGET)
+                  JVP_TARGET, FWD_VARLEN_DYNAMIC_TARGET)
 MASK_BITS_TARGET = "flashjax_mask_bits"  # registered by mask_bits.py with its own state type
 ALL_TARGETS = KERNEL_TARGETS + (MASK_BITS_TARGET,)
 

@@ -13,7 +13,8 @@ their flag is off: the CUDA lowering then leaves them out of the FFI call, as pr
 d_lse). The token counts and N are the only shapes: no compile depends on the packing. Operands are in the FFI
 targets' order (flashjax_fwd_varlen, flashjax_bwd_varlen; the tangent's lowering reorders its own); the backward's
 workspace exists only inside its lowering, sized by the library's plan (one slab per query head,
-flashjax/workspace.h).
+flashjax/workspace.h); so does the forward's tile counter where the plan walks at run time
+(FLASHJAX_SM90_VARLEN_WALK=2: target flashjax_fwd_varlen_dynamic).
 
 Autodiff is primitives.py's scheme: fwd_varlen's JVP rule emits tangent_varlen (the sm80 tangent kernel,
 flashjax_tangent_varlen) and its transpose runs bwd_varlen, so jax.grad runs the forward and backward kernels and
@@ -23,6 +24,8 @@ vmap is refused before these primitives (primitives.varlen_guard_p). Every primi
 which only the reference lowerings use (off CUDA: per sequence instead of all Tq x Tk pairs) and no FFI call sees.
 """
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +77,16 @@ def _plan(ctx, num_offsets, *, softcap, window_left, window_right, has_sinks, **
 
 
 def _cuda_lowering(ctx, *args, **params):
-    return primitives._ffi_call(_ffi.FWD_VARLEN_TARGET, ctx, args, _OPTIONAL, _ffi_params(params))
+    """The forward's FFI call: the plain target, or where the plan hands tiles out at run time
+    (FLASHJAX_SM90_VARLEN_WALK=2) the dynamic one with the counter its plan sizes as workspace. The plan is asked only
+    when the variable is set: the library reads it once per process, and unset it has no workspace."""
+    workspace = []
+    if os.environ.get("FLASHJAX_SM90_VARLEN_WALK"):
+        workspace = _plan(ctx, ctx.avals_in[3].shape[0], **params)["fwd"].get("workspace", [])
+    if not workspace:
+        return primitives._ffi_call(_ffi.FWD_VARLEN_TARGET, ctx, args, _OPTIONAL, _ffi_params(params))
+    return primitives._ffi_call(_ffi.FWD_VARLEN_DYNAMIC_TARGET, ctx, args, _OPTIONAL, _ffi_params(params),
+                                workspace=primitives._workspace_avals(workspace))
 
 
 def _bwd_cuda_lowering(ctx, *args, **params):

@@ -3,7 +3,9 @@
 // so this program has no Python or XLA in it: it links the objects libflashjax.so links, picks each kernel through
 // the library's table and dispatcher (FLASHJAX_DISABLE_FAMILIES honoured the same way), fills FwdParams/BwdParams
 // with the FFI handlers' strides and workspace sizes, and runs forward then backward on short ragged configs, then on
-// packed (varlen) configs with well-formed and malformed offsets.
+// packed (varlen) configs with well-formed and malformed offsets. FLASHJAX_SM90_VARLEN_WALK=2 runs the varlen configs'
+// sm90 forward on its run-time walk (the counter workspace allocated as the plan asks, poisoned: the launcher zeroes
+// it).
 //
 //   flashjax_sanitize              run every config; one line each, ending in ": ok" or ": FAILED <why>"
 //   flashjax_sanitize --only N     run config N only (repeatable)
@@ -413,6 +415,10 @@ void run_forward(Arena& arena, FwdParams& fp, const KernelEntry& kernel, bool ha
   fp.tile_class = choices.tile_class;
   fp.pack_group = choices.pack_group;
   fp.num_splits = choices.num_splits;
+  if (choices.varlen_tile_counter) {  // FLASHJAX_SM90_VARLEN_WALK=2: the counter as the plan sizes it, poisoned
+    fp.varlen_tile_counter = arena.alloc<int32_t>(flashjax::kVarlenTileCounterInts);
+    poison(fp.varlen_tile_counter, 4 * flashjax::kVarlenTileCounterInts);
+  }
   launch_and_wait(kernel, fp, stream, "forward");
 }
 

@@ -21,6 +21,9 @@ struct FamilyChoices {
   // A mask mod's kernel walks per-tile block lists (kernels/common/mask_block_lists.cuh), which the pass's mask
   // workspace then holds ahead of the tile classes (flashjax/workspace.h); false: it reads the classes alone.
   bool mask_block_lists = false;
+  // A varlen forward hands its tiles out at run time (sm90, FLASHJAX_SM90_VARLEN_WALK=2): the pass's workspace is
+  // then one int32 counter (flashjax/workspace.h), the FFI target flashjax_fwd_varlen_dynamic.
+  bool varlen_tile_counter = false;
   // Why, in words (filled only when the plan is asked to explain itself).
   std::string tile_reason;
   std::string packing_reason;

@@ -92,6 +92,10 @@ struct FwdParams : AttnShape {
   // struct, so that the fields kernels read keep their offsets.
   int32_t tile_class = 0;
   int32_t pack_group = 1;
+  // Varlen on the sm90 forward with FLASHJAX_SM90_VARLEN_WALK=2 (the plan's tile_counter workspace, target
+  // flashjax_fwd_varlen_dynamic): one int32 the kernel hands tiles out from, zeroed by the launcher before each launch.
+  // nullptr: the walk is static (what the setting asks for otherwise, round robin where it asked for 2).
+  int32_t* varlen_tile_counter = nullptr;
 };
 
 // Backward: (q, k, v, o, lse, do, dlse[, sinks]) -> (dq, dk, dv[, dsinks]).

@@ -119,4 +119,9 @@ constexpr MaskTileClassesLayout mask_tile_classes_layout(int32_t batch, int32_t 
 // The mask bits' words per row (AttnShape::mask_words).
 constexpr int32_t mask_bits_words(int32_t seqlen_k) { return (seqlen_k + 31) / 32; }
 
+// The dynamic varlen forward's tile counter (FamilyChoices::varlen_tile_counter): int32 [kVarlenTileCounterInts], of
+// which the kernel uses the first; zeroed by the launcher. Calls with a static walk get no workspace at all (the plain
+// flashjax_fwd_varlen target, whose binding stays as exported artifacts have it).
+inline constexpr int64_t kVarlenTileCounterInts = 1;
+
 }  // namespace flashjax

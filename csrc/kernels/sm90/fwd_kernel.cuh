@@ -183,7 +183,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (auto& barrier_q : shared.barriers.q) barrier_q.init(/*arrive_count=*/1);  // the producer's expect_tx
-    if constexpr (Kernel::kVarlen) shared.barriers.v_past_keys.init(/*arrive_count=*/1);
+    if constexpr (Kernel::kVarlen) {
+      shared.barriers.v_past_keys.init(/*arrive_count=*/1);
+      // The dynamic walk's readers: the producer's V warp and every consumer warp (the Q/K warp fetches).
+      VarlenTicketRing::init(shared.barriers.ring, 1 + Kernel::kConsumerThreads / 32);
+    }
   }
   PipelineK pipeline_k(shared.barriers.k, kv_pipeline_params<PipelineK, Kernel>(is_producer, producer_leader_thread(0)),
                        Shape<_1, _1, _1>{});
@@ -221,9 +225,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   };
   // Varlen: the CTA's range of positions, computed by every warp from the offsets (fwd_varlen_balance.cuh;
   // warp-collective, so here, where every warp is converged); the end goes to the warp's shared slot, read per tile
-  // (a register held through the mainloop cost the consumers spills). The dense walk needs none of it.
+  // (a register held through the mainloop cost the consumers spills). The dynamic walk starts at the CTA's index
+  // and counts the warp's ring slots in that slot (fwd_varlen_ring.cuh). The dense walk needs none of it.
   const int varlen_first = [&] {
     if constexpr (Kernel::kVarlen) {
+      if (params.scheduler.walk == VarlenWalk::kDynamic) {
+        if (threadIdx.x % 32 == 0) shared.barriers.walk_end[threadIdx.x / 32] = 0;
+        __syncwarp();
+        return int(blockIdx.x);  // < num_tiles: the grid is at most num_tiles CTAs
+      }
       const auto range = Scheduler::cta_range(params.scheduler, blockIdx.x, gridDim.x);
       if (threadIdx.x % 32 == 0) shared.barriers.walk_end[threadIdx.x / 32] = range.end;
       __syncwarp();
@@ -241,9 +251,15 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   };
   auto next_position = [&](int tile_index) {
     if constexpr (Kernel::kVarlen) {
+      auto& walk_slot = *static_cast<volatile int*>(&shared.barriers.walk_end[threadIdx.x / 32]);
+      if (params.scheduler.walk == VarlenWalk::kDynamic) {
+        // The producer's Q/K warp (threads 0-31) fetches; every other walking warp reads what it published.
+        return VarlenTicketRing::next(shared.barriers.ring, walk_slot, threadIdx.x < 32, params.scheduler.tile_counter,
+                                      params.scheduler.num_tiles);
+      }
       // The stride from the parameters (the range's: 1, or the grid where round robin), not a register.
-      const int end = *static_cast<volatile int*>(&shared.barriers.walk_end[threadIdx.x / 32]);
-      return Scheduler::next_tile(params.scheduler, end, params.scheduler.balanced ? 1 : int(gridDim.x), tile_index);
+      return Scheduler::next_tile(params.scheduler, walk_slot,
+                                  params.scheduler.walk == VarlenWalk::kBalanced ? 1 : int(gridDim.x), tile_index);
     } else {
       return Scheduler::next_tile(params.scheduler, tile_index, blockIdx.x, gridDim.x);
     }

@@ -111,7 +111,7 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
   // change from call to call.
   const typename Scheduler::Params scheduler = [&] {
     if constexpr (Kernel::kVarlen) {
-      return Scheduler::to_params(walk, tiling, num_sms);
+      return Scheduler::to_params(walk, tiling, num_sms, params.varlen_tile_counter);
     } else {
       return scheduler_params<Scheduler>(walk, tiling, num_sms);
     }
@@ -234,7 +234,9 @@ using FwdVarlenKernel = FwdKernelFor<Element, kHeadDim, FwdKeyLoad::kFew, kPackG
 
 // The rows no tile writes get out = 0, lse = -inf (fwd_varlen_scheduler.cuh), then the tiles run. The two write
 // disjoint rows, so their order does not matter; the fill goes first because it is short and the main kernel then
-// overlaps its tail (programmatic dependent launch).
+// overlaps its tail (programmatic dependent launch). The fill also zeroes the dynamic walk's counter: a stream-ordered
+// write before every launch without an operation of its own (the main kernel touches it only after
+// griddepcontrol.wait, which waits for the fill; the fill, launched without PDL, waits for the previous kernel).
 template <typename Element, int kHeadDim, bool kPackGqa>
 cudaError_t launch_varlen_kernels(const FwdParams& params, int group, cudaStream_t stream) {
   using Kernel = FwdVarlenKernel<Element, kHeadDim, kPackGqa>;
@@ -245,7 +247,8 @@ cudaError_t launch_varlen_kernels(const FwdParams& params, int group, cudaStream
     return cudaErrorInvalidValue;
   }
   const typename Scheduler::Params scheduler =
-      Scheduler::to_params(params, typename Kernel::Mainloop::QueryTiling(group, params.seqlen_q), /*num_sms=*/1);
+      Scheduler::to_params(params, typename Kernel::Mainloop::QueryTiling(group, params.seqlen_q), /*num_sms=*/1,
+                           params.varlen_tile_counter);  // the main kernel's walk: its order decides row_written
   if (scheduler.num_tiles < 0) return cudaErrorInvalidConfiguration;
   constexpr int kFillThreads = 256;
   const int64_t fill_blocks = std::min<int64_t>((int64_t(params.seqlen_q) + kFillThreads - 1) / kFillThreads, 2048);

@@ -26,6 +26,7 @@
 #include "kernels/sm90/fwd_named_barriers.cuh"
 #include "kernels/sm90/fwd_query_tiling.cuh"
 #include "kernels/sm90/fwd_softmax.cuh"
+#include "kernels/sm90/fwd_varlen_ring.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
@@ -139,8 +140,10 @@ struct FwdMainloopSm90 {
   struct VarlenBarrierStorage : DenseBarrierStorage {
     cutlass::arch::ClusterTransactionBarrier v_past_keys;
     // The end of the CTA's range of walk positions (fwd_varlen_balance.cuh), one slot per warp: each warp computes
-    // it and reads it back per tile, rather than keeping it in a register through the mainloop.
+    // it and reads it back per tile, rather than keeping it in a register through the mainloop. The dynamic walk
+    // keeps each warp's count of ring slots there instead.
     int walk_end[16];
+    VarlenTicketRing::Storage ring;  // the dynamic walk's hand-off of positions (fwd_varlen_ring.cuh)
   };
   using BarrierStorage = std::conditional_t<kVarlen, VarlenBarrierStorage, DenseBarrierStorage>;
 

@@ -4,12 +4,14 @@
 // Tiles are (virtual query block, query head) pairs, virtual blocks fastest: per head, varlen_num_blocks(Tq, N,
 // kBlockM) of them (kernels/common/varlen.cuh: sequence b's blocks start at cu_seqlens_q[b] / kBlockM + b), so the
 // walk covers the batch's real blocks plus at most one per sequence, never N x max_seqlen, and only the static
-// shapes (Tq, N, Hq) size it: no compile and no host plan depends on the packing. Each CTA takes a contiguous range
-// of positions of equal modelled cost, which its warps compute from the offsets at kernel start (cta_range,
-// fwd_varlen_balance.cuh: the lengths are device data, and round robin left the busiest CTA ~1.2x of the mean for
-// causal packs). Consecutive positions are neighbouring blocks of one head and sequence, so a CTA re-reads the K/V
-// it has just read (L2). A tile resolves its sequence on the device by binary search (every warp that walks it: the
-// producer's two and each consumer warpgroup), reading offsets that stay in L1 after the first tile.
+// shapes (Tq, N, Hq) size it: no compile and no host plan depends on the packing. How the CTAs share the positions
+// is FLASHJAX_SM90_VARLEN_WALK's (VarlenWalk): round robin (default), contiguous ranges of equal modelled cost that
+// each CTA's warps compute from the offsets at kernel start (cta_range, fwd_varlen_balance.cuh), or handed out at
+// run time from a counter (fwd_varlen_ring.cuh). The dynamic walk visits each sequence's row blocks heaviest first
+// (the last block of a causal sequence sees the most keys: tile()), so that first-come hand-out approximates
+// longest-job-first while the CTAs running at once still share one sequence's K/V (L2). A tile resolves its
+// sequence on the device by binary search (every warp that walks it: the producer's two and each consumer
+// warpgroup), reading offsets that stay in L1 after the first tile.
 //
 // A tile's rows and keys are its sequence's used ones, clamped (varlen_rows): whatever cu_seqlens / seqused hold,
 // the tile's loads start inside the tensors and its stores (predicated by the used rows) never leave its sequence.
@@ -37,6 +39,13 @@
 
 namespace flashjax::sm90 {
 
+// How the CTAs share the walk's positions (FLASHJAX_SM90_VARLEN_WALK).
+enum class VarlenWalk : int {
+  kRoundRobin = 0,  // CTA c takes c, c + grid, ...
+  kBalanced = 1,    // CTA c a contiguous range of equal modelled cost (fwd_varlen_balance.cuh)
+  kDynamic = 2,     // CTA c takes c, then whatever the global counter hands out (fwd_varlen_ring.cuh)
+};
+
 // kPacked: tiles hold the query heads of a KV head (packed GQA, fwd_query_tiling.cuh): the walk's heads are the KV
 // heads and a sequence's blocks are its packed tiles (VarlenBlockNumbering).
 template <int kBlockM, int kBlockN, bool kPacked = false>
@@ -60,7 +69,10 @@ struct FwdVarlenTileSchedulerSm90 {
     int total_q;   // Tq
     int total_k;   // Tk
     int window_left, window_right;  // the call's band (each sequence's, bottom-right aligned): the balance's model
-    bool balanced;  // each CTA a range of equal modelled cost; false: round robin (FLASHJAX_SM90_VARLEN_WALK=0)
+    VarlenWalk walk;
+    // kDynamic: the hand-out counter (the call's workspace), zeroed by the fill kernel that precedes every launch;
+    // nullptr otherwise.
+    int32_t* tile_counter;
   };
 
   // The tile's query head and virtual block, and its sequence's used rows in the packed tensors: query rows
@@ -84,9 +96,11 @@ struct FwdVarlenTileSchedulerSm90 {
     }
   };
 
-  // tiling: the FwdQueryTiling of the kernel (its group: 1 unpacked).
+  // tiling: the FwdQueryTiling of the kernel (its group: 1 unpacked). tile_counter: the call's counter workspace
+  // (FwdParams::varlen_tile_counter), nullptr where the call has none; the dynamic walk needs it.
   template <typename QueryTiling>
-  static Params to_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms) {
+  static Params to_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms,
+                          int32_t* tile_counter = nullptr) {
     Params params{};
     const int group = kPacked ? tiling.group : 1;
     const int64_t num_blocks =
@@ -109,7 +123,13 @@ struct FwdVarlenTileSchedulerSm90 {
     params.window_right = shape.window_right;
     // Round robin unless asked: the balanced ranges measured slower on 64 sequences of 1..1024 tokens (cost 1.57 vs
     // 1.45 against the dense call, H100), faster on 1000 of 0..512 (0.98 vs 1.11): docs/performance.md 2.8.
-    params.balanced = setting_int(Setting::kSm90VarlenWalk, 0) != 0;
+    // The dynamic walk only where the call brought a counter (a lowering for another setting, or an exported
+    // artifact of the plain target, has none): round robin then.
+    const int asked = setting_int(Setting::kSm90VarlenWalk, 0);
+    params.walk = asked == 1                             ? VarlenWalk::kBalanced
+                  : asked == 2 && tile_counter != nullptr ? VarlenWalk::kDynamic
+                                                          : VarlenWalk::kRoundRobin;
+    params.tile_counter = params.walk == VarlenWalk::kDynamic ? tile_counter : nullptr;
     return params;
   }
 
@@ -125,13 +145,13 @@ struct FwdVarlenTileSchedulerSm90 {
   // CTA cta's positions (warp-collective: every lane of a converged warp; each walking warp calls it once). The
   // ranges of the grid's CTAs cover [0, num_tiles) disjointly.
   __device__ static Range cta_range(const Params& params, int cta, int grid) {
-    if (!params.balanced) return round_robin(params, cta, grid);
+    if (params.walk != VarlenWalk::kBalanced) return round_robin(params, cta, grid);
     return Balance::cta_range(balance_inputs(params), params.num_tiles, cta, grid);
   }
 #endif
   // The same on the host (tests), with `lanes` simulated lanes.
   static Range cta_range_host(const Params& params, int cta, int grid, int lanes = 32) {
-    if (!params.balanced) return round_robin(params, cta, grid);
+    if (params.walk != VarlenWalk::kBalanced) return round_robin(params, cta, grid);
     return Balance::cta_range_host(balance_inputs(params), params.num_tiles, cta, grid, lanes);
   }
   __host__ __device__ static Range round_robin(const Params& params, int cta, int grid) {
@@ -168,6 +188,13 @@ struct FwdVarlenTileSchedulerSm90 {
     }
   }
 
+  // The block of its sequence that the walk's block `walk_block` (< row_blocks) of that sequence holds: itself, or
+  // where the walk goes heaviest first (the dynamic walk), the blocks with rows in reverse. An involution, so it
+  // also maps a tile's block back to its walk block (row_written).
+  __host__ __device__ static int walk_order(const Params& params, int walk_block, int row_blocks) {
+    return params.walk == VarlenWalk::kDynamic ? row_blocks - 1 - walk_block : walk_block;
+  }
+
   // position in [0, num_tiles). The offsets must be readable where it runs (the device; the host in
   // tests/cpp/test_varlen_scheduler.cu).
   __host__ __device__ static Tile tile(const Params& params, int position) {
@@ -176,16 +203,20 @@ struct FwdVarlenTileSchedulerSm90 {
     const common::VarlenBlock found = find_block(params, virtual_block);
     const common::VarlenRows q = common::varlen_rows(params.cu_seqlens_q, params.seqused_q, found.seq, params.total_q);
     const common::VarlenRows k = common::varlen_rows(params.cu_seqlens_k, params.seqused_k, found.seq, params.total_k);
-    // A block before its sequence's start (a not-from-zero or non-monotone array) has no work either.
-    const int m_block = found.block >= 0 ? found.block : Numbering::row_blocks(q.used, params.group);
+    // A block before its sequence's start (a not-from-zero or non-monotone array) has no work either, nor one past
+    // its rows (those keep their place after the sequence's row blocks in every order).
+    const int row_blocks = Numbering::row_blocks(q.used, params.group);
+    const int m_block = found.block < 0 ? row_blocks
+                        : found.block < row_blocks ? walk_order(params, found.block, row_blocks)
+                                                   : found.block;
     return {m_block, head, 0, q.start, k.start, q.used, k.used, params.group};
   }
 
   // Whether some tile writes query row t (of every head; t in [0, Tq)): t's sequence is the last whose clamped start
-  // is <= t, t must lie in its used rows, and each virtual block holding t (one; where packed, those of t's chunk in
-  // every query head of the group) must resolve (tile() above) to that very sequence and block. Then those blocks'
-  // tiles write t (store or store_empty: every used row of the tile); else no tile does, with well-formed offsets
-  // and without.
+  // is <= t, t must lie in its used rows, and the virtual block of each tile holding t (one; where packed, those of
+  // t's chunk in every query head of the group; the walk's order decides which virtual block a tile is) must resolve
+  // (tile() above) to that very sequence and tile. Then those tiles write t (store or store_empty: every used row of
+  // the tile); else no tile does, with well-formed offsets and without.
   __host__ __device__ static bool row_written(const Params& params, int t) {
     int lo = 0, hi = params.num_seqs - 1;
     while (lo < hi) {
@@ -206,17 +237,20 @@ struct FwdVarlenTileSchedulerSm90 {
       block_hi = int((chunk + params.group - 1) / Numbering::kChunksPerTile);
     }
     const int first = first_block(params, lo);
+    const int row_blocks = Numbering::row_blocks(q.used, params.group);  // > block_hi: row < used
     for (int block = block_lo; block <= block_hi; ++block) {
-      const int64_t virtual_block = int64_t(first) + block;
+      const int walk_block = walk_order(params, block, row_blocks);
+      const int64_t virtual_block = int64_t(first) + walk_block;
       if (virtual_block >= params.num_blocks) return false;
       const common::VarlenBlock found = find_block(params, int(virtual_block));
-      if (found.seq != lo || found.block != block) return false;
+      if (found.seq != lo || found.block != walk_block) return false;
     }
     return true;
   }
 };
 
-// out = 0 and lse = -inf (every head) in the query rows no tile of Scheduler writes (all rows when N = 0). One
+// out = 0 and lse = -inf (every head) in the query rows no tile of Scheduler writes (all rows when N = 0), and the
+// dynamic walk's counter = 0 (fwd_launch.cuh's launch_varlen_kernels says why here). One
 // thread decides per row; a warp then writes each of its rows to fill together, in 16-byte stores (o's rows and
 // heads are 16-byte aligned: the launcher checked TMA's alignment rules).
 template <typename Element, int kHeadDim, typename Scheduler>
@@ -226,6 +260,7 @@ __global__ void fwd_varlen_fill_unwritten_kernel(const __grid_constant__ typenam
   constexpr int kVecsPerHead = kHeadDim / kVecElems;
   static_assert(kHeadDim % kVecElems == 0);
   const int lane = threadIdx.x % 32;
+  if (scheduler.tile_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *scheduler.tile_counter = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t vecs_per_row = int64_t(params.heads_q) * kVecsPerHead;
   // base is warp-uniform: the warp's 32 rows, so that the ballot sees every lane.
