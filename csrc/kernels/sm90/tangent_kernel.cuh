@@ -95,7 +95,7 @@ struct TangentKernelSm90 {
   __device__ __forceinline__ static Mask mask_of(const Params& params, const common::BandMask& band, int batch,
                                                  int head_q, int m_start) {
     if constexpr (kMaskMod) {
-      return {band.tile_mask(m_start), params.mask.bits_rows(batch, head_q), m_start};
+      return Mask::of(band.tile_mask(m_start), params.mask.bits_rows(batch, head_q), m_start);
     } else {
       return band.tile_mask(m_start);
     }
@@ -125,7 +125,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   using PipelineK = typename Mainloop::PipelineK;
   using PipelineV = typename Mainloop::PipelineV;
   constexpr int kBlockM = Kernel::kBlockM;
-  constexpr int kBlockN = Kernel::kBlockN;
 
   extern __shared__ char smem_bytes[];
   auto& shared = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_bytes);
