@@ -595,6 +595,35 @@ ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, 
   return launch(plan, p, stream);
 }
 
+// The tangent with a mask mod (issue 39; a separate target, so that the plain one keeps the signature exported calls
+// were lowered with): the tangent's required operands, the forward's mask bits, then sinks and tsinks as has_sinks
+// says; t_out, t_lse and the tile-class workspace (block lists ahead of the classes where the kernel walks them),
+// sized by the plan for the tangent kernel's own tiles.
+ffi::Error tangent_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                 ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer tq,
+                                 ffi::AnyBuffer tk, ffi::AnyBuffer tv, ffi::Buffer<ffi::U32> mask_bits,
+                                 ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> t_out,
+                                 ffi::Result<ffi::Buffer<ffi::F32>> t_lse,
+                                 ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_sinks, float softcap,
+                                 float softmax_scale, int32_t window_left, int32_t window_right) {
+  TangentParams p;
+  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
+    return err;
+  }
+  if (auto err = fill_tangent_operands(p, q, k, v, o, lse, tq, tk, tv, t_out, t_lse, "[B, Hq, Sq]"); err.failure()) {
+    return err;
+  }
+  OptionalOperands slots(optional, 2);
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
+  if (auto err = slots.finish(); err.failure()) return err;
+  if (auto err = fill_mask_bits(p, mask_bits); err.failure()) return err;
+  const PassPlan plan = plan_for(ordinal, Direction::kTangent, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  if (plan.kernel == nullptr) return launch(plan, p, stream);
+  if (auto err = take_mask_tile_classes(p, plan, tile_classes); err.failure()) return err;
+  return launch(plan, p, stream);
+}
+
 // The varlen tangent: the tangent's operands in fill_varlen_shape's shapes (lse, t_lse [Hq, Tq]), the offsets, then
 // the optional seqused_q, seqused_k ([N] int32), sinks and tsinks ([Hq] f32) as their flags say.
 ffi::Error tangent_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -816,6 +845,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent, flashjax::tangent_impl,
                                   .Attr<int32_t>("window_right"),
                               {ffi::Traits::kCmdBufferCompatible});
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_mask_mod, flashjax::tangent_mask_mod_impl,
+                              flashjax::tangent_operands()
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // mask_bits [Bm, Hm, Sq, Wk]
+                                  .RemainingArgs()                // sinks, tsinks [Hq] f32 (see OptionalOperands)
+                                  .Ret<ffi::AnyBuffer>()          // t_out
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // t_lse [B, Hq, Sq]
+                                  .Ret<ffi::Buffer<ffi::U8>>()    // workspace: mask_tile_classes
+                                  .Attr<bool>("has_sinks")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<int32_t>("window_left")
+                                  .Attr<int32_t>("window_right"),
+                              {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_varlen, flashjax::tangent_varlen_impl,
                               flashjax::with_varlen_attrs(flashjax::tangent_operands()
                                   .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]

@@ -102,10 +102,9 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
   // and tangent, the sm90 forward and backward; so on Hopper a varlen call's forward and backward are sm90's, its
   // tangent sm80's (dense tangents run on the sm90 tangent kernel there).
-  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward and
-  // backward, the sm90 forward; so on Hopper the forward is sm90's, the backward sm80's. Not with varlen (b would be
-  // the sequence, the indices sequence-local) nor in the tangent (jax.jvp of a mask-mod call evaluates the
-  // reference's tangent, primitives.py).
+  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward, backward
+  // and tangent, the sm90 forward and tangent; so on Hopper the forward and the tangent are sm90's, the backward
+  // sm80's. Not with varlen (b would be the sequence, the indices sequence-local).
   if (problem.mask_mod && problem.varlen) {
     choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
                     "the kernels)";
@@ -117,9 +116,9 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = "deterministic=True: no backward kernel orders the dq partials of varlen (packed) attention yet";
     return choice;
   }
-  if (problem.mask_mod && (problem.direction == Direction::kTangent || problem.direction == Direction::kJvp)) {
-    choice.reason = "no tangent kernel implements mask_mod yet (the forward and backward kernels do; jax.jvp of a "
-                    "mask-mod call evaluates the reference's tangent)";
+  if (problem.mask_mod && problem.direction == Direction::kJvp) {
+    choice.reason = "the fused jvp kernel does not take mask_mod (jax.jvp of a mask-mod call runs the forward and "
+                    "the tangent kernel, which do)";
     return choice;
   }
   bool code_for_device = false;
@@ -181,7 +180,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                          ? std::string(" (mask mod: the newest family whose ") + direction_name(problem.direction) +
                                " takes the mask bits on this sm_" + std::to_string(device_sm) +
                                " device, its tiles classified empty / full / partial; the sm90 family's forward "
-                               "does, its backward not yet)"
+                               "and tangent do, its backward not yet)"
                      : problem.varlen
                          ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
                                " takes packed sequences on this sm_" + std::to_string(device_sm) +

@@ -29,14 +29,15 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
 std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& shape, int32_t num_splits,
                                           bool deterministic, bool varlen, bool mask_mod,
                                           const FamilyChoices& choices) {
-  // The tangent and fused jvp kernels need no workspace.
-  if (direction == Direction::kTangent || direction == Direction::kJvp) return {};
+  // The fused jvp kernel needs no workspace, nor does the tangent without a mask mod (with one: its tile classes).
+  if (direction == Direction::kJvp || (direction == Direction::kTangent && !mask_mod)) return {};
   const MaskTileClassesLayout classes =
       mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m,
                                choices.block_n, choices.mask_block_lists);
   const WorkspaceBuffer classes_buffer = {"mask_tile_classes",
                                           {shape.batch, shape.heads_q, classes.m_blocks, classes.row_bytes()},
                                           "uint8"};
+  if (direction == Direction::kTangent) return {classes_buffer};  // a mask mod's, for the tangent's own tiles
   if (direction == Direction::kFwd) {
     if (mask_mod) return {classes_buffer};  // mask-mod forwards never split
     if (varlen && choices.varlen_tile_counter) return {{"tile_counter", {kVarlenTileCounterInts}, "int32"}};

@@ -31,9 +31,10 @@ TANGENT_VARLEN_TARGET = "flashjax_tangent_varlen"  # its varlen twin (varlen_ker
 FWD_MASK_MOD_TARGET = "flashjax_fwd_mask_mod"  # a mask mod's bits and the tile-class workspace (issue 38)
 BWD_MASK_MOD_TARGET = "flashjax_bwd_mask_mod"
 JVP_TARGET = "flashjax_jvp"  # jax.jvp's fused pass: out, lse and their tangents in one kernel (primitives.py)
+TANGENT_MASK_MOD_TARGET = "flashjax_tangent_mask_mod"  # jax.jvp of a mask-mod call (issue 39)
 KERNEL_TARGETS = (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
                   BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET, BWD_MASK_MOD_TARGET,
-                  JVP_TARGET, FWD_VARLEN_DYNAMIC_TARGET)
+                  JVP_TARGET, FWD_VARLEN_DYNAMIC_TARGET, TANGENT_MASK_MOD_TARGET)
 MASK_BITS_TARGET = "flashjax_mask_bits"  # registered by mask_bits.py with its own state type
 ALL_TARGETS = KERNEL_TARGETS + (MASK_BITS_TARGET,)
 

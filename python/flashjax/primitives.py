@@ -17,7 +17,8 @@ exists only where all four outputs are wanted at once: its partial-evaluation ru
 and an unknown `tangent` whenever the tangent inputs are unknown (jax.linearize, jax.grad, which then transpose
 `tangent` as before), so that the primal stays known. jax.grad therefore runs the forward and
 backward kernels only, and jax.jvp evaluates `tangent` (the fused tangent kernel, flashjax_tangent: sm90 on Hopper,
-sm80 elsewhere, where the plan has one for the call; the reference's tangent otherwise). bwd's JVP rule (jvp of grad:
+sm80 elsewhere, where the plan has one for the call; with mask bits flashjax_tangent_mask_mod; the reference's
+tangent otherwise). bwd's JVP rule (jvp of grad:
 forward-over-reverse) takes the primal from the backward kernel and the tangent from the reference backward's JVP. Not
 jax.custom_vjp, which would forbid forward mode. Inputs reach these primitives already validated
 and padded to a compiled head width (api.py); `sinks` is always an f32 [Hq] array, zeros when has_sinks is False
@@ -184,16 +185,25 @@ def _bwd_lowering(ctx, *args, **params):
 
 # The FFI operand order of the tangent target: the required operands first, then the optional (sinks, tsinks).
 _TANGENT_FFI_ORDER = (0, 1, 2, 4, 5, 6, 7, 8, 3, 9)  # q, k, v, out, lse, tq, tk, tv, sinks, ts
+# The mask-mod tangent target's: the mask bits after the required operands, then the optional.
+_TANGENT_MASK_MOD_FFI_ORDER = (0, 1, 2, 4, 5, 6, 7, 8, 10, 3, 9)  # ..., tv, mask_bits, sinks, ts
 
 
 def _tangent_lowering(ctx, *args, **params):
     """The tangent's FFI call (flashjax_tangent: the sm90 or sm80 tangent kernel, design §3.6-3.7) where the plan has
     a tangent kernel for the call; else the reference's tangent, lowered in its place, so that jax.jvp of a kernel call
-    always runs (the primal and the reverse mode stay on their kernels either way). A mask mod's tangent is the
-    reference's (no tangent kernel takes mask bits: the plan says so)."""
+    always runs (the primal and the reverse mode stay on their kernels either way). With a mask mod's bits,
+    flashjax_tangent_mask_mod, whose extra result is the tile-class workspace the plan sizes for the tangent kernel's
+    own tiles."""
     plan = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)
-    if plan.get("tangent", {}).get("family") is None:
+    tangent = plan.get("tangent", {})
+    if tangent.get("family") is None:
         return mlir.lower_fun(_reference_tangent, multiple_results=True)(ctx, *args, **params)
+    if params.get("has_mask_bits"):
+        order = _TANGENT_MASK_MOD_FFI_ORDER
+        ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in order])
+        return _ffi_call(_ffi.TANGENT_MASK_MOD_TARGET, ctx, [args[i] for i in order],
+                         {9: "has_sinks", 10: "has_sinks"}, params, workspace=_workspace_avals(tangent["workspace"]))
     ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in _TANGENT_FFI_ORDER])
     return _ffi_call(_ffi.TANGENT_TARGET, ctx, [args[i] for i in _TANGENT_FFI_ORDER], {8: "has_sinks", 9: "has_sinks"},
                      params)

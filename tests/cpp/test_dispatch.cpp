@@ -7,13 +7,13 @@ namespace flashjax {
 namespace {
 
 // Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward and
-// backward (not the sm90 tangent nor the sm90 fused jvp); mask mods on the sm80 forward and backward and the sm90
-// forward.
+// backward (not the sm90 tangent nor the sm90 fused jvp); mask mods on every sm80 row and the sm90 forward and
+// tangent (not its backward, nor the fused jvp).
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
   const bool tangent = d == Direction::kTangent || d == Direction::kJvp;
   const bool varlen = !(sm90 && tangent);
-  const bool mask_mod = !tangent && !(sm90 && d != Direction::kFwd);
+  const bool mask_mod = d != Direction::kJvp && !(sm90 && d == Direction::kBwd);
   return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
           varlen, mask_mod};
 }
@@ -229,19 +229,23 @@ TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
   EXPECT_STREQ(dense.kernel->family, "sm90");
 }
 
-// Mask mods (issue 38) run on the rows marked mask_mod: the sm80 forward and backward on every device, the sm90
-// forward on Hopper (its backward does not take the bits yet); their tangent, varlen with a mask mod and the
+// Mask mods (issue 38) run on the rows marked mask_mod: the sm80 forward, backward and tangent on every device, the
+// sm90 forward and tangent on Hopper (its backward does not take the bits yet); varlen with a mask mod and the
 // deterministic backward (sm80 cannot order its dq sums) are refused with reasons.
 TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
-  for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
+  std::vector<KernelEntry> rows = table;
+  rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128));
+  rows.push_back(entry("sm90", Direction::kTangent, DType::kBFloat16, 128));
+  for (const Direction direction : {Direction::kFwd, Direction::kBwd, Direction::kTangent}) {
     for (const int sm : {80, 86, 90}) {
       ProblemKey mask = key(direction, DType::kBFloat16, 128);
       mask.mask_mod = true;
-      const Choice c = choose_kernel(sm, archs, mask, table, /*smem_per_block_optin=*/0, /*explain=*/true);
+      const Choice c = choose_kernel(sm, archs, mask, rows, /*smem_per_block_optin=*/0, /*explain=*/true);
       ASSERT_NE(c.kernel, nullptr) << c.reason;
-      const bool sm90_forward = sm == 90 && direction == Direction::kFwd;
-      EXPECT_STREQ(c.kernel->family, sm90_forward ? "sm90" : "sm80");
-      EXPECT_NE(c.reason.find("the sm90 family's forward does, its backward not yet"), std::string::npos)
+      const bool sm90_row = sm == 90 && direction != Direction::kBwd;
+      EXPECT_STREQ(c.kernel->family, sm90_row ? "sm90" : "sm80");
+      EXPECT_EQ(c.kernel->direction, direction);
+      EXPECT_NE(c.reason.find("the sm90 family's forward and tangent do, its backward not yet"), std::string::npos)
           << c.reason;
     }
   }
@@ -253,13 +257,17 @@ TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   const Choice sm80_only = choose_kernel(90, archs, forward_mask, unmarked);
   ASSERT_NE(sm80_only.kernel, nullptr) << sm80_only.reason;
   EXPECT_STREQ(sm80_only.kernel->family, "sm80");
+  // A tangent row left out of the mask mods (the sm80 tangent's 16-key D 256 row: gen_kernels.py's
+  // MASK_MOD_EXCLUDED) is never chosen for one; with no other row the call is refused.
   ProblemKey tangent = key(Direction::kTangent, DType::kBFloat16, 128);
   tangent.mask_mod = true;
-  std::vector<KernelEntry> rows = table;
-  rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128));
-  const Choice no_tangent = choose_kernel(90, archs, tangent, rows);
+  std::vector<KernelEntry> unmarked_tangent = table;
+  unmarked_tangent.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128));
+  unmarked_tangent.back().mask_mod = false;
+  const Choice no_tangent = choose_kernel(90, archs, tangent, unmarked_tangent);
   EXPECT_EQ(no_tangent.kernel, nullptr);
-  EXPECT_NE(no_tangent.reason.find("no tangent kernel implements mask_mod"), std::string::npos) << no_tangent.reason;
+  tangent.mask_mod = false;  // the same row takes the call without a mask mod
+  ASSERT_NE(choose_kernel(90, archs, tangent, unmarked_tangent).kernel, nullptr);
   ProblemKey packed = key(Direction::kFwd, DType::kBFloat16, 128);
   packed.mask_mod = packed.varlen = true;
   const Choice no_varlen = choose_kernel(80, archs, packed, table);

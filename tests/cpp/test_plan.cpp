@@ -250,7 +250,8 @@ TEST_F(PlanCall, MaskModPassesCarryTheirTileClasses) {
   ASSERT_EQ(plan.bwd.workspace.size(), 4u);
   EXPECT_STREQ(plan.bwd.workspace[3].name, "mask_tile_classes");
   EXPECT_EQ(plan.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 5, 4}));  // ceil(300/64), ceil(500/128)
-  EXPECT_EQ(plan.tangent.kernel, nullptr);  // jvp of a mask mod: the reference's tangent
+  EXPECT_EQ(plan.tangent.kernel, nullptr);  // this table has no tangent row: jvp of a mask mod runs the reference's
+  EXPECT_TRUE(plan.tangent.workspace.empty());
 }
 
 // A family that walks block lists (the sm90 forward) asks for them with its choices; the pass's one uint8 workspace
@@ -288,6 +289,26 @@ TEST_F(PlanCall, MaskModForwardsThatWalkListsCarryThemAheadOfTheClasses) {
   p.mask_mod = false;  // no mask mod: no lists asked, no workspace
   EXPECT_TRUE(plan_call(p, device(80, 0), table, archs).fwd.workspace.empty());
   EXPECT_FALSE(g_seen_query.mask_mod);
+}
+
+// A mask mod's tangent (issue 39) carries the tile classes of the tangent kernel's own tiles, with the block lists
+// ahead of them where that kernel walks lists (the sm90 tangent); without a mask mod it has no workspace.
+TEST_F(PlanCall, MaskModTangentsCarryTheirOwnTilesWorkspace) {
+  table.push_back(entry(Direction::kTangent, DType::kBFloat16, 128));  // fake_bwd_choices' 64 x 128 tiles
+  Problem p = problem();
+  p.mask_mod = true;
+  Plan plan = plan_call(p, device(80, 0), table, archs);
+  ASSERT_NE(plan.tangent.kernel, nullptr) << plan.tangent.reason;
+  ASSERT_EQ(plan.tangent.workspace.size(), 1u);
+  EXPECT_STREQ(plan.tangent.workspace[0].name, "mask_tile_classes");
+  EXPECT_STREQ(plan.tangent.workspace[0].dtype, "uint8");
+  EXPECT_EQ(plan.tangent.workspace[0].shape, (std::vector<int64_t>{2, 8, 5, 4}));  // ceil(300/64), ceil(500/128)
+  table.back().choices = fake_listing_fwd_choices;  // 128 x 64 tiles, block lists asked for mask mods
+  plan = plan_call(p, device(80, 0), table, archs);
+  ASSERT_EQ(plan.tangent.workspace.size(), 1u);
+  EXPECT_EQ(plan.tangent.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 4 * (8 + 2) + 8}));
+  p.mask_mod = false;
+  EXPECT_TRUE(plan_call(p, device(80, 0), table, archs).tangent.workspace.empty());
 }
 
 }  // namespace flashjax

@@ -157,6 +157,33 @@ def test_cuda_lowering_of_the_tangent(monkeypatch, has_sinks):
     assert _cuda_ffi_operand_counts(jvp(), q, k, v, s)["flashjax_tangent"] == [8 + 2 * has_sinks]
 
 
+@pytest.mark.parametrize("has_sinks", [False, True])
+def test_cuda_lowering_of_a_mask_mod_tangent(monkeypatch, has_sinks):
+    # jvp of a mask-mod call (issue 39) lowers to flashjax_tangent_mask_mod: q, k, v, o, lse, tq, tk, tv, the bits
+    # [, sinks, tsinks], with the tile-class workspace the plan sizes for the tangent's tiles as its third result.
+    # The plan is a stand-in (no library is needed to lower): a tangent kernel with a 2 x 4 x 3 x 50 byte workspace.
+    monkeypatch.setattr(primitives._ffi, "register_targets", lambda: None)
+    workspace = [{"name": "mask_tile_classes", "shape": [2, 4, 3, 50], "dtype": "uint8"}]
+    fake_plan = {"fwd": {"family": "sm90", "num_splits": 1, "workspace": workspace},
+                 "bwd": {"family": "sm80", "workspace": []},
+                 "tangent": {"family": "sm90", "workspace": workspace}}
+    monkeypatch.setattr(primitives, "lowering_plan", lambda *a, **k: fake_plan)
+    params = dict(_params(has_sinks), has_mask_bits=True)
+    q, k, v, s = (x.astype(jnp.bfloat16) if x.ndim == 4 else x for x in _inputs(17))
+    bits = jnp.full((1, 1, SQ, (SK + 31) // 32), 0x1FF, jnp.uint32)
+    # A fresh function per lowering: jit would reuse the first lowering for the second plan.
+    jvp = lambda: lambda *a: jax.jvp(lambda *p: primitives.forward(*p, bits, **params), a, a)[1]
+    text = jax.jit(jvp()).trace(q, k, v, s).lower(lowering_platforms=("cuda",)).as_text()
+    calls = _ffi_operand_counts(text)
+    assert calls["flashjax_tangent_mask_mod"] == [9 + 2 * has_sinks] and "flashjax_tangent" not in calls, calls
+    call = next(line for line in text.splitlines() if "@flashjax_tangent_mask_mod" in line)
+    assert "tensor<2x4x3x50xui8>" in call.split("->", 1)[1], call
+    # Without a tangent kernel in the plan: the reference's tangent, no FFI tangent call.
+    fake_plan["tangent"] = {"family": None, "workspace": []}
+    calls = _cuda_ffi_operand_counts(jvp(), q, k, v, s)
+    assert not any(target.startswith("flashjax_tangent") for target in calls), calls
+
+
 def test_bwd_outputs_are_the_gradients():
     # The backward's workspace exists only inside its CUDA lowering (test_library.py checks it there): the primitive
     # returns the gradients and nothing else, so vmap and autodiff never see workspace shapes.

@@ -117,6 +117,12 @@ const Config kConfigs[] = {
      Config::kMaskPerHead},
     {2, 1, 700, 8, 2, -1, -1, true, 0.f, false, "mask bits per head, decode Sq 1 against 700 keys, sinks", 0, 1, false,
      Config::kMaskPerHead},
+    // The mask-mod tangents' widest tiles (32-key steps: sm90 128 x 32, sm80 64 x 32) and the 64-key ones at D 128,
+    // with softcap and sinks (their tangent too); the configs above run the tangent with their bits as well.
+    {1, 200, 333, 4, 2, 40, 9, true, 5.f, false, "mask bits per head, tangent D 256: window (40, 9), softcap 5, sinks",
+     256, 1, false, Config::kMaskPerHead},
+    {2, 390, 270, 4, 1, -1, 0, true, 30.f, false, "mask bits per batch, tangent D 128: causal Sq > Sk, softcap 30",
+     128, 1, false, Config::kMaskPerBatch},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -130,8 +136,9 @@ struct Variant {
   const KernelEntry* varlen_bwd;
   const KernelEntry* tangent;  // nullptr: no tangent kernel for this variant (the config then skips the tangent)
   const KernelEntry* varlen_tangent;  // what dispatch picks for a varlen tangent (nullptr: none)
-  const KernelEntry* mask_fwd;  // what dispatch picks for a mask mod (the sm80 family; nullptr: none)
+  const KernelEntry* mask_fwd;  // what dispatch picks for a mask mod (nullptr: none)
   const KernelEntry* mask_bwd;
+  const KernelEntry* mask_tangent;  // the mask-mod configs' tangent (sm90 on Hopper, else sm80; nullptr: none)
   const KernelEntry* jvp = nullptr;  // the fused jvp (sm90, D <= 128; nullptr: none, the config skips it)
 };
 
@@ -262,7 +269,6 @@ std::vector<float> floats_to_host(const float* dev, int64_t n) {
 // The keys query row i sees, [lo, hi] (empty when lo > hi): docs/design.md §2.3, bottom-right aligned.
 struct KeyRange {
   int64_t lo, hi;
-  bool empty() const { return lo > hi; }
 };
 
 KeyRange visible_keys(const Config& c, int64_t i) {
@@ -471,12 +477,14 @@ BwdParams run_backward(Arena& arena, const FwdParams& fp, const KernelEntry& ker
 }
 
 // The tangent after the forward fp ran (o, lse), dense or varlen: tangent_impl's fields from fp, random tangents for
-// q, k, v (and sinks where fp has them), t_out and t_lse poisoned, launched on `kernel` and waited for.
+// q, k, v (and sinks where fp has them), t_out and t_lse poisoned, launched on `kernel` and waited for. mask: the
+// forward's bits again, with the tangent's own tile-class workspace (poisoned, sized for its tiles).
 TangentParams run_tangent_pass(const FwdParams& fp, const KernelEntry& kernel, uint64_t seed, Arena& arena,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const HostMask* mask = nullptr) {
   const Sizes n = sizes_of(fp);
   TangentParams tp;
   static_cast<flashjax::AttnShape&>(tp) = fp;
+  if (mask != nullptr && !mask->bits.empty()) attach_mask(arena, *mask, kernel, tp);
   tp.q = fp.q;
   tp.k = fp.k;
   tp.v = fp.v;
@@ -506,15 +514,15 @@ TangentParams run_tangent_pass(const FwdParams& fp, const KernelEntry& kernel, u
 }
 
 // The dense tangent, checked against float64 on the same rounded inputs (t_lse = sum_j P_j ts_j + P_sink t_sink,
-// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent), empty rows exactly t_out = 0 and t_lse =
-// t_sink (0 without sinks).
+// t_out = sum_j P_j (ts_j v_j + tv_j) - t_lse out, ts the score's tangent, j over the keys the band and the mask bits
+// show), empty rows exactly t_out = 0 and t_lse = t_sink (0 without sinks).
 TangentParams run_tangent(const Config& c, const Variant& variant, const FwdParams& fp, uint64_t seed, Arena& arena,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, const HostMask& mask) {
   const int D = variant.head_dim;
   const DType dtype = variant.dtype;
   const Sizes sizes = sizes_of(fp);
   const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
-  const TangentParams tp = run_tangent_pass(fp, *variant.tangent, seed, arena, stream);
+  const TangentParams tp = run_tangent_pass(fp, *variant.tangent, seed, arena, stream, &mask);
   const void *tq = tp.tq, *tk = tp.tk, *tv = tp.tv, *t_out = tp.t_out;
   const float *t_lse = tp.t_lse, *tsinks = tp.tsinks;
 
@@ -537,7 +545,9 @@ TangentParams run_tangent(const Config& c, const Variant& variant, const FwdPara
         const float got_lse = hto_lse[(int64_t(b) * c.heads_q + hq_index) * c.seqlen_q + i];
         const KeyRange keys = visible_keys(c, i);
         const double t_sink = c.sinks ? htsinks[hq_index] : 0.0;
-        if (keys.empty()) {
+        bool sees_a_key = false;
+        for (int64_t j = keys.lo; j <= keys.hi && !sees_a_key; ++j) sees_a_key = mask.visible(b, hq_index, i, j);
+        if (!sees_a_key) {
           for (int d = 0; d < D; ++d) {
             if (hto[row + d] != 0.f) throw Failure{"empty row: t_out " + std::to_string(hto[row + d]) + " not 0"};
           }
@@ -548,6 +558,7 @@ TangentParams run_tangent(const Config& c, const Variant& variant, const FwdPara
         }
         double m = c.sinks ? hsinks[hq_index] : -INFINITY;
         for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          if (!mask.visible(b, hq_index, i, j)) continue;
           const int64_t krow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
           double qk = 0, tqk = 0;
           for (int d = 0; d < D; ++d) {
@@ -562,11 +573,14 @@ TangentParams run_tangent(const Config& c, const Variant& variant, const FwdPara
           m = std::max(m, s[j]);
         }
         double denom = c.sinks ? std::exp(hsinks[hq_index] - m) : 0.0;
-        for (int64_t j = keys.lo; j <= keys.hi; ++j) denom += std::exp(s[j] - m);
+        for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          if (mask.visible(b, hq_index, i, j)) denom += std::exp(s[j] - m);
+        }
         double want_lse = c.sinks ? std::exp(hsinks[hq_index] - m) / denom * t_sink : 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
         std::fill(out.begin(), out.end(), 0.0);
         for (int64_t j = keys.lo; j <= keys.hi; ++j) {
+          if (!mask.visible(b, hq_index, i, j)) continue;
           const int64_t vrow = ((int64_t(b) * c.seqlen_k + j) * c.heads_k + hk_index) * D;
           const double p = std::exp(s[j] - m) / denom;
           want_lse += p * ts[j];
@@ -675,7 +689,7 @@ void run_config(int index, const Config& c, const Variant& variant, cudaStream_t
   attach_mask(arena, mask, *variant.fwd, fp);
   run_forward(arena, fp, *variant.fwd, c.sinks, c.num_splits, seed, stream);
   if (variant.tangent != nullptr) {
-    const TangentParams tp = run_tangent(c, variant, fp, seed, arena, stream);
+    const TangentParams tp = run_tangent(c, variant, fp, seed, arena, stream, mask);
     if (variant.jvp != nullptr) run_jvp(c, variant, fp, tp, arena, stream);
   }
   const BwdParams bp = run_backward(
@@ -1001,16 +1015,20 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     const flashjax::Choice varlen_tangent = flashjax::choose_kernel(
         device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.varlen = false;
-    key.mask_mod = true;  // the mask-mod configs' kernels (the sm80 family's on every device)
+    key.mask_mod = true;  // the mask-mod configs' kernels (gen_kernels.py's MASK_MOD rows)
     key.direction = flashjax::Direction::kFwd;
     const flashjax::Choice mask_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                               flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.direction = flashjax::Direction::kBwd;
     const flashjax::Choice mask_bwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                               flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kTangent;
+    const flashjax::Choice mask_tangent = flashjax::choose_kernel(
+        device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
-                          tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel, jvp.kernel});
+                          tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel,
+                          mask_tangent.kernel, jvp.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -1106,12 +1124,12 @@ int main(int argc, char** argv) {
     if (kConfigs[i].head_dim > 0 && pinned == nullptr) continue;  // not compiled in this build
     Variant variant = pinned != nullptr ? *pinned : variants[i % variants.size()];
     if (kConfigs[i].deterministic && !variant.bwd->deterministic) continue;  // e.g. the sm80 backward (sm80 mode)
-    if (kConfigs[i].mask != Config::kNoMask) {  // the mask-mod kernels; no tangent takes mask bits
+    if (kConfigs[i].mask != Config::kNoMask) {  // the mask-mod kernels (the tangent's where this build has one)
       if (variant.mask_fwd == nullptr || variant.mask_bwd == nullptr) continue;
       variant.fwd = variant.mask_fwd;
       variant.bwd = variant.mask_bwd;
-      variant.tangent = nullptr;
-      variant.jvp = nullptr;
+      variant.tangent = variant.mask_tangent;
+      variant.jvp = nullptr;  // the fused jvp takes no mask mod
     }
     std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s jvp %s", i, describe(kConfigs[i]).c_str(),
                 dtype_name(variant.dtype), variant.head_dim, variant.fwd->family, variant.bwd->family,

@@ -3,7 +3,10 @@
 // query block), like the forward; its rows' lse comes from the forward, so each key block's P is exact and the
 // tangent needs one pass over the blocks the band shows the tile, with no rescaling.
 // Softcap is a compile-time twin for the forward's reason (fwd_kernel.cuh): the tanh code and tanh' stay out of the
-// uncapped kernel.
+// uncapped kernel. So is a mask mod (kMaskMod: params.mask_bits != nullptr, the tile classes for this kernel's tiles
+// written before it), as in the forward: the kernel without one keeps its code exactly. Positions the bits hide get
+// P = 0 and add nothing to t_out or t_lse; rows that see no key at all have lse = -inf (or the sink's) from the
+// forward, so P = 0 on every key and t_out = 0, t_lse = P_sink t_sink, as for rows the band leaves empty.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,7 +24,7 @@
 
 namespace flashjax::sm80 {
 
-template <typename Layouts, bool kSoftcap>
+template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1)
     tangent_kernel_sm80(const __grid_constant__ TangentParams params) {
   using namespace cute;
@@ -90,12 +93,18 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1)
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) w_sum[r] = 0.f;
   // A tile none of whose rows sees a key skips the loop: t_out = 0 and t_lse = P_sink t_sink.
+  FwdMaskModArgs mod;
+  if constexpr (kMaskMod) {
+    mod.classes = common::MaskTileClasses<kBlockM, kBlockN>::row(params, tile.batch, tile.head_q, tile.m_block);
+    mod.bits = common::MaskBitsRows::of(params, tile.batch, tile.head_q);
+    mod.m_start = m_start;
+  }
   if (!args.blocks.empty()) {
-    tangent_mainloop_sm80<Layouts, kSoftcap>(
+    tangent_mainloop_sm80<Layouts, kSoftcap, kMaskMod>(
         q_tile(params.q, q_offset, params.q_row_stride), q_tile(params.tq, q_offset, params.q_row_stride),
         kv_tiles(params.k, k_offset, params.k_row_stride), kv_tiles(params.tk, k_offset, params.k_row_stride),
         kv_tiles(params.v, v_offset, params.v_row_stride), kv_tiles(params.tv, v_offset, params.v_row_stride), args,
-        params.softmax_scale, lse_log2, smem, acc_o, w_sum);
+        mod, params.softmax_scale, lse_log2, smem, acc_o, w_sum);
   }
 
   const bool has_sinks = params.sinks != nullptr;

@@ -1,7 +1,7 @@
 // Host launcher of the sm80-family tangent kernel: defines flashjax::sm80::run_tangent, tangent_smem_bytes and
 // tangent_choices (declared in launch.h). Included by the generated instantiation files, one per (Element, head dim,
-// shared-memory budget). One launch (varlen: after two memsets), no workspace; never synchronizes, allocates or reads
-// device memory.
+// shared-memory budget). One launch (varlen: after two memsets; a mask mod: after the tile classification); never
+// synchronizes, allocates or reads device memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "flashjax/params.h"
+#include "kernels/common/mask_bits_tiles.cuh"
 #include "kernels/sm80/fwd_tile_scheduler.cuh"
 #include "kernels/sm80/launch.h"
 #include "kernels/sm80/tangent_kernel.cuh"
@@ -22,7 +23,8 @@ template <typename Element, int kHeadDim, int kSmemKB>
 cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream) {
   using Layouts = TangentLayouts<Element, kHeadDim, kSmemKB>;
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      (params.sinks != nullptr) != (params.tsinks != nullptr)) {
+      (params.sinks != nullptr) != (params.tsinks != nullptr) ||
+      (params.mask_bits != nullptr && params.cu_seqlens_q != nullptr)) {  // varlen + mask mod: the reference's
     return cudaErrorInvalidValue;
   }
   if (params.cu_seqlens_q != nullptr) {
@@ -39,7 +41,27 @@ cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream) {
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0 (or B = 0): nothing to write
   if (num_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
 
-  auto kernel = params.softcap > 0.f ? tangent_kernel_sm80<Layouts, true> : tangent_kernel_sm80<Layouts, false>;
+  // A mask mod: the tile classes for this kernel's tiles first (kernels/common/mask_bits_tiles.cuh), same stream.
+  // The bits are words of 32 keys, so only instantiations whose key steps are whole words take them
+  // (the 99 KB D 256 row's 16-key steps do not: gen_kernels.py leaves it out of MASK_MOD, so dispatch never sends it
+  // a mask mod, and a call that reaches it anyway is refused here).
+  const bool mask_mod = params.mask_bits != nullptr;
+  constexpr bool kMaskModRow = Layouts::kBlockN % 32 == 0;
+  if (mask_mod) {
+    if constexpr (kMaskModRow) {
+      const cudaError_t err = common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(params, stream);
+      if (err != cudaSuccess) return err;
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
+  const bool capped = params.softcap > 0.f;
+  auto kernel = capped ? tangent_kernel_sm80<Layouts, true, false> : tangent_kernel_sm80<Layouts, false, false>;
+  if constexpr (kMaskModRow) {
+    if (mask_mod) {
+      kernel = capped ? tangent_kernel_sm80<Layouts, true, true> : tangent_kernel_sm80<Layouts, false, true>;
+    }
+  }
   constexpr int kSmemBytes = Layouts::kSmemBytes;
   if (kSmemBytes > 48 * 1024) {  // opt-in above 48 KB; legal during CUDA-graph capture (fwd_launch.cuh)
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);

@@ -9,13 +9,17 @@
 //   wait K, tK[n] | issue V, tV[n]  | S = Q K^T, tS = tQ K^T + Q tK^T   (one fused pass over D: smem_gemm.cuh)
 //   wait V, tV[n] | issue K, tK[n'] | P, W;  acc += W V[n] + P tV[n]
 // Blocks are visited in KvBlockRange order, masked blocks first in a loop with the band mask, then the bulk in a
-// mask-free loop, as in fwd_mainloop.cuh (whose loaders and argument struct this reuses).
+// mask-free loop, as in fwd_mainloop.cuh (whose loaders and argument structs this reuses). A mask mod (kMaskMod)
+// walks the blocks as the forward's kMaskMod twin does: the mod's empty tiles skipped, its partial ones masked with
+// the bits on top of the band, its full ones mask-free.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/mask_bits.cuh"
+#include "kernels/common/mask_bits_tiles.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm80/fwd_mainloop.cuh"
 #include "kernels/sm80/mma_fragment_layouts.cuh"
@@ -54,10 +58,12 @@ __device__ __forceinline__ void tangent_probs(ScoresRC& s_rc, ScoresRC& ts_rc, c
 // lse_log2: the thread's rows' forward lse in log2 units (+inf on empty and padding rows). On return acc_o holds
 // W V + P tV and w_sum this thread's share of the rows' sum of W (quad-reduced by the caller); every thread is past
 // its last read of Q's and tQ's buffers, and no cp.async is pending.
-template <typename Layouts, bool kSoftcap, typename GQ, typename GK, typename AccO>
+// kMaskMod: the call has mask bits (`mod`, ignored otherwise); the blocks are walked as fwd_mainloop_sm80's kMaskMod
+// walks them. A tile with no block left to visit returns at once, having loaded nothing (acc_o and w_sum stay 0).
+template <typename Layouts, bool kSoftcap, bool kMaskMod, typename GQ, typename GK, typename AccO>
 __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g_tq, const GK& g_k, const GK& g_tk,
                                                       const GK& g_v, const GK& g_tv, const FwdMainloopArgs& args,
-                                                      float softmax_scale,
+                                                      const FwdMaskModArgs& mod, float softmax_scale,
                                                       const float (&lse_log2)[Layouts::kRowsPerThread],
                                                       typename Layouts::Element* smem, AccO& acc_o,
                                                       float (&w_sum)[Layouts::kRowsPerThread]) {
@@ -141,6 +147,9 @@ __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g
     Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
     Tensor acc_ts_rc = common::acc_rowcol_view(acc_ts);
     if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
+    if constexpr (kMaskMod && decltype(apply_mask)::value) {
+      mod.bits.template apply<kBlockN>(acc_s_rc, tScS_rc, mod.m_start, n_block * kBlockN);
+    }
 
     // V, tV[n] have landed, and every thread is done reading K, tK[n] (and Q, tQ): K's buffers may be refilled.
     cute::cp_async_wait<0>();
@@ -161,6 +170,47 @@ __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g
   };
 
   const common::KvBlockRange& blocks = args.blocks;
+  if constexpr (kMaskMod) {
+    // fwd_mainloop_sm80's walk: visit t (the band's order) is masked when the band masks it or the mod's class is
+    // partial, mask-free when the band does not and the class is full, skipped when the class is empty; the masked
+    // visits first, then the full ones, the (K, tK) prefetch chain linking the blocks actually visited.
+    const int num_blocks = blocks.num_blocks();
+    const int num_masked = blocks.num_masked();
+    auto mod_class = [&](int t) { return mod.classes[blocks.block_at(t)]; };
+    auto next_masked = [&](int t) {
+      while (t < num_blocks &&
+             (mod_class(t) == common::kMaskTileEmpty || (t >= num_masked && mod_class(t) == common::kMaskTileFull))) {
+        ++t;
+      }
+      return t;
+    };
+    auto next_full = [&](int t) {
+      while (t < num_blocks && mod_class(t) != common::kMaskTileFull) ++t;
+      return t;
+    };
+    int t_masked = next_masked(0);
+    int t_full = next_full(num_masked);
+    auto block_or_none = [&](int t) { return t < num_blocks ? blocks.block_at(t) : -1; };
+    const int first = t_masked < num_blocks ? t_masked : t_full;
+    if (first >= num_blocks) return;
+    copy_rows_zero_fill<true>(gmem_copy, gmem_thr_copy.partition_S(g_q), gmem_thr_copy.partition_D(s_q), tQcQ,
+                              args.rows_valid_q);
+    copy_rows_zero_fill<true>(gmem_copy, gmem_thr_copy.partition_S(g_tq), gmem_thr_copy.partition_D(s_tq), tQcQ,
+                              args.rows_valid_q);
+    load_pair(cute::true_type{}, tKgK, tKgTk, tKsK, tKsTk, blocks.block_at(first));
+    cute::cp_async_fence();
+    while (t_masked < num_blocks) {
+      const int t_next = next_masked(t_masked + 1);
+      kv_step(cute::true_type{}, blocks.block_at(t_masked), block_or_none(t_next < num_blocks ? t_next : t_full));
+      t_masked = t_next;
+    }
+    while (t_full < num_blocks) {
+      const int t_next = next_full(t_full + 1);
+      kv_step(cute::false_type{}, blocks.block_at(t_full), block_or_none(t_next));
+      t_full = t_next;
+    }
+    return;
+  }
   copy_rows_zero_fill<true>(gmem_copy, gmem_thr_copy.partition_S(g_q), gmem_thr_copy.partition_D(s_q), tQcQ,
                             args.rows_valid_q);
   copy_rows_zero_fill<true>(gmem_copy, gmem_thr_copy.partition_S(g_tq), gmem_thr_copy.partition_D(s_tq), tQcQ,

@@ -10,8 +10,13 @@
 // Not persistent: with one tile per CTA, Q and tQ load once and no buffer changes hands between tiles (a persistent
 // walk with the forward's Q hand-off is a later step). Dense calls only: varlen tangents stay on the sm80 family
 // (gen_kernels.py's VARLEN). GQA reads K / V and their tangents in place through the head mapping (no packing).
-// Softcap is a compile-time twin, for the forward's reason (fwd_mainloop.cuh).
+// Softcap is a compile-time twin, for the forward's reason (fwd_mainloop.cuh). So is a mask mod (kMaskMod: each tile
+// walks its block list and its masked steps AND the mod's bits with the band, tangent_mask_mod.cuh), so that the
+// dense kernel keeps its code. A row that sees no key at all has the forward's lse = -inf (or the sink's), so P = 0 on
+// every key: t_out = 0 and t_lse = P_sink t_sink, as for rows the band leaves empty.
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -21,17 +26,20 @@
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/mask_block_lists.cuh"
 #include "kernels/common/softcap.cuh"
 #include "kernels/sm80/fwd_tile_scheduler.cuh"
 #include "kernels/sm90/tangent_epilogue.cuh"
 #include "kernels/sm90/tangent_mainloop.cuh"
+#include "kernels/sm90/tangent_mask_mod.cuh"
 #include "kernels/sm90/tangent_tile_sizes.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
-template <typename Element, int kHeadDim, bool kSoftcap>
+template <typename Element, int kHeadDim, bool kSoftcap, bool kMaskMod_ = false>
 struct TangentKernelSm90 {
+  static constexpr bool kMaskMod = kMaskMod_;
   static constexpr TangentTileSizes kTile = tangent_tile_sizes(kHeadDim);
   using Mainloop =
       TangentMainloopSm90<Element, kHeadDim, kTile.block_n, kTile.stages_k, kTile.stages_v, kSoftcap>;
@@ -58,12 +66,40 @@ struct TangentKernelSm90 {
   static constexpr int kSmemBytes = sizeof(SharedStorage);
   static_assert(kSmemBytes <= kSmemLimitBytes, "over the sm90 per-block shared memory limit");
 
-  struct Params {
+  struct DenseParams {
     typename Mainloop::Params mainloop;
     typename Epilogue::Params epilogue;
     AttnShape shape;  // the scheduler's walk and the band
     int heads_per_kv;  // Hq / Hk: query head h reads K/V head h / heads_per_kv
   };
+  // kMaskMod: the call's mask bits and block lists (kernels/common/mask_block_lists.cuh) after the dense fields. A
+  // separate type, so that the dense kernel's parameters keep their layout.
+  struct MaskModParams : DenseParams {
+    common::MaskModTiles mask;
+  };
+  using Params = std::conditional_t<kMaskMod, MaskModParams, DenseParams>;
+
+  // The KV blocks tile (m_block of batch, head_q) visits: the band's range, or the mask mod's list for the tile.
+  using Blocks = std::conditional_t<kMaskMod, common::ListedKvBlocks, common::KvBlockRange>;
+  __device__ __forceinline__ static Blocks blocks_of(const Params& params, const common::BandMask& band, int batch,
+                                                     int head_q, int m_block) {
+    if constexpr (kMaskMod) {
+      return params.mask.blocks(batch, head_q, m_block);
+    } else {
+      return band.template kv_blocks<kBlockM, kBlockN>(m_block * kBlockM);
+    }
+  }
+
+  // The masked steps' mask of the consumer warpgroup whose first row is m_start: the band's, and a mask mod's bits.
+  using Mask = std::conditional_t<kMaskMod, TangentBandAndBitsMask<kBlockN>, common::TileMask>;
+  __device__ __forceinline__ static Mask mask_of(const Params& params, const common::BandMask& band, int batch,
+                                                 int head_q, int m_start) {
+    if constexpr (kMaskMod) {
+      return Mask::of(band.tile_mask(m_start), params.mask.bits_rows(batch, head_q), m_start);
+    } else {
+      return band.tile_mask(m_start);
+    }
+  }
 };
 
 // Parameters of the (K, tK) and (V, tV) pipelines: a stage is two tiles, both on its full barrier; the thread that
@@ -89,7 +125,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   using PipelineK = typename Mainloop::PipelineK;
   using PipelineV = typename Mainloop::PipelineV;
   constexpr int kBlockM = Kernel::kBlockM;
-  constexpr int kBlockN = Kernel::kBlockN;
 
   extern __shared__ char smem_bytes[];
   auto& shared = *reinterpret_cast<typename Kernel::SharedStorage*>(smem_bytes);
@@ -111,7 +146,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   const int head_k = tile.head_q / params.heads_per_kv;
   const common::BandMask band(params.shape.seqlen_q, params.shape.seqlen_k, params.shape.window_left,
                               params.shape.window_right);
-  const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
+  const typename Kernel::Blocks blocks = Kernel::blocks_of(params, band, tile.batch, tile.head_q, tile.m_block);
 
   if (is_producer) {
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
@@ -146,7 +181,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
   float w_sum[2] = {0.f, 0.f};
   if (!blocks.empty()) {
     const common::ScoreTransform transform(params.shape.softmax_scale, params.shape.softcap);
-    const common::TileMask mask = band.tile_mask(tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup);
+    const int m_start = tile.m_block * kBlockM + consumer_wg * Mainloop::kRowsPerWarpgroup;
+    const typename Kernel::Mask mask = Kernel::mask_of(params, band, tile.batch, tile.head_q, m_start);
     Mainloop::run(shared.tensors, shared.barriers, pipeline_k, pipeline_v, blocks, mask, consumer_wg, thread_in_wg,
                   transform, params.shape.softmax_scale, lse_log2, acc, w_sum);
   }

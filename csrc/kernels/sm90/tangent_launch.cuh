@@ -1,7 +1,7 @@
 // Host launcher of the sm90 tangent kernel: defines flashjax::sm90::run_tangent, tangent_smem_bytes and
 // tangent_choices (declared in launch.h). Included by the generated instantiation files, one per (Element, head dim).
-// Builds the TMA descriptors (host-side encoding), launches one CTA per 128-row query tile with programmatic
-// dependent launch as the forward does; never synchronizes, allocates or reads device memory.
+// Builds the TMA descriptors (host-side encoding), launches one CTA per 128-row query tile (a mask mod: after listing
+// each tile's blocks); never synchronizes, allocates or reads device memory.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,6 +12,7 @@
 
 #include "flashjax/choices.h"
 #include "flashjax/params.h"
+#include "kernels/common/mask_block_lists.cuh"
 #include "kernels/sm90/launch.h"
 #include "kernels/sm90/tangent_kernel.cuh"
 #include "kernels/sm90/tma_compatible.h"
@@ -53,9 +54,18 @@ cudaError_t launch_tangent_kernel(const TangentParams& params, cudaStream_t stre
       {params.q_row_stride, cute::_1{}, params.q_head_stride, params.q_batch_stride},
       {params.k_row_stride, cute::_1{}, params.k_head_stride, params.k_batch_stride},
       {params.v_row_stride, cute::_1{}, params.v_head_stride, params.v_batch_stride}};
-  const typename Kernel::Params kernel_params{Mainloop::to_params(mainloop_args), Kernel::Epilogue::to_params(params),
-                                              static_cast<const AttnShape&>(params),
-                                              params.heads_q / params.heads_k};
+  const typename Kernel::DenseParams dense_params{Mainloop::to_params(mainloop_args),
+                                                  Kernel::Epilogue::to_params(params),
+                                                  static_cast<const AttnShape&>(params),
+                                                  params.heads_q / params.heads_k};
+  const typename Kernel::Params kernel_params = [&] {
+    if constexpr (Kernel::kMaskMod) {  // the bits and the block lists, read per tile
+      return typename Kernel::Params{dense_params,
+                                     common::MaskModTiles::of<Kernel::kBlockM, Kernel::kBlockN>(params)};
+    } else {
+      return dense_params;
+    }
+  }();
   static_assert(sizeof(typename Kernel::Params) <= 4096, "kernel parameters over 4 KB");
   auto kernel = tangent_kernel_sm90<Kernel>;
   const cudaError_t err =
@@ -67,6 +77,20 @@ cudaError_t launch_tangent_kernel(const TangentParams& params, cudaStream_t stre
   return cudaGetLastError();
 }
 
+// A mask mod: the tile classes and block lists for the tangent's own tiles (kernels/common/mask_block_lists.cuh, into
+// the workspace the plan sized with tangent_choices' tiles), then the kMaskMod kernel; all on `stream`.
+template <typename Element, int kHeadDim>
+cudaError_t launch_tangent_mask_mod(const TangentParams& params, cudaStream_t stream) {
+  using Dense = TangentKernelSm90<Element, kHeadDim, false>;
+  if (params.mask_tile_classes == nullptr || params.mask_block_lists == nullptr) return cudaErrorInvalidValue;
+  if (Dense::Scheduler::num_ctas(params) == 0) return cudaSuccess;  // no tile: nothing to list or write
+  const cudaError_t err = common::launch_mask_block_lists<Dense::kBlockM, Dense::kBlockN>(params, stream);
+  if (err != cudaSuccess) return err;
+  return params.softcap > 0.f
+             ? launch_tangent_kernel<TangentKernelSm90<Element, kHeadDim, true, true>>(params, stream)
+             : launch_tangent_kernel<TangentKernelSm90<Element, kHeadDim, false, true>>(params, stream);
+}
+
 }  // namespace detail
 
 template <typename Element, int kHeadDim>
@@ -75,9 +99,9 @@ cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream) {
       (params.sinks != nullptr) != (params.tsinks != nullptr)) {
     return cudaErrorInvalidValue;
   }
-  // Dense calls only (gen_kernels.py's VARLEN keeps varlen tangents on the sm80 family); mask mods never reach a
-  // tangent kernel (dispatch.cpp).
-  if (params.cu_seqlens_q != nullptr || params.mask_bits != nullptr) return cudaErrorInvalidValue;
+  // Dense calls only (gen_kernels.py's VARLEN keeps varlen tangents on the sm80 family).
+  if (params.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;
+  if (params.mask_bits != nullptr) return detail::launch_tangent_mask_mod<Element, kHeadDim>(params, stream);
   return params.softcap > 0.f
              ? detail::launch_tangent_kernel<TangentKernelSm90<Element, kHeadDim, true>>(params, stream)
              : detail::launch_tangent_kernel<TangentKernelSm90<Element, kHeadDim, false>>(params, stream);
@@ -96,6 +120,8 @@ FamilyChoices tangent_choices(const AttnShape&, const ChoiceQuery& query) {
   FamilyChoices choices;
   choices.block_m = kTile.block_m;
   choices.block_n = kTile.block_n;
+  // A mask mod's tangent walks block lists for these tiles (launch_tangent_mask_mod): the workspace holds them.
+  choices.mask_block_lists = query.mask_mod;
   if (query.explain) {
     choices.tile_reason = std::to_string(kTile.block_m) + " x " + std::to_string(kTile.block_n) +
                           " tiles (the sm90 tangent's configuration for this head dim: two consumer warpgroups of 64 "

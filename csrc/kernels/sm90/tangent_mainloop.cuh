@@ -172,9 +172,10 @@ struct TangentMainloopSm90 {
 
   // K/V and their tangents are re-read by every query tile of the head (and every query head of a GQA group): kept
   // in L2 (EVICT_LAST); Q and tQ are read by this tile only.
+  // Blocks: the band's common::KvBlockRange, or a mask mod's common::ListedKvBlocks (the same interface).
+  template <typename Blocks>
   __device__ static void load_q_k(const Params& params, TensorStorage& tensors, BarrierStorage& barriers,
-                                  PipelineK& pipeline_k, bool leader, const LoadCoords& at,
-                                  const common::KvBlockRange& blocks) {
+                                  PipelineK& pipeline_k, bool leader, const LoadCoords& at, const Blocks& blocks) {
     using namespace cute;
     if (!leader) return;
     auto& barrier_q = barriers.q;
@@ -216,8 +217,9 @@ struct TangentMainloopSm90 {
     }
   }
 
+  template <typename Blocks>
   __device__ static void load_v(const Params& params, TensorStorage& tensors, PipelineV& pipeline_v, bool leader,
-                                const LoadCoords& at, const common::KvBlockRange& blocks) {
+                                const LoadCoords& at, const Blocks& blocks) {
     using namespace cute;
     if (!leader) return;
     Tensor s_vt = make_tensor(make_smem_ptr(tensors.v.data()), SmemLayoutVt{});
@@ -423,10 +425,11 @@ struct TangentMainloopSm90 {
 
   // The whole key loop of one warpgroup (blocks not empty). acc must be cleared. On return acc holds W V + P tV over
   // the tile's blocks, w_sum this thread's share of its rows' sums of W (quad-reduced by the caller), every wgmma
-  // has been waited on (the warpgroup's Q and tQ halves are free) and every stage released.
-  template <typename AccO, typename Mask>
+  // has been waited on (the warpgroup's Q and tQ halves are free) and every stage released. Blocks and Mask: the
+  // band's (KvBlockRange, TileMask), or a mask mod's block list and band-and-bits mask (tangent_mask_mod.cuh).
+  template <typename AccO, typename Blocks, typename Mask>
   __device__ __forceinline__ static void run(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
-                                             PipelineV& pipeline_v, const common::KvBlockRange& blocks,
+                                             PipelineV& pipeline_v, const Blocks& blocks,
                                              const Mask& mask, int warpgroup, int thread_in_wg,
                                              const common::ScoreTransform& transform, float softmax_scale,
                                              const float (&lse_log2)[2], AccO& acc, float (&w_sum)[2]) {
