@@ -16,6 +16,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashjax/mask_grid.h"
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
 #include "kernels/sm80/bwd_epilogue.cuh"
@@ -38,7 +39,9 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const B
   extern __shared__ __align__(128) char smem_bytes[];  // as the forward declares it (one TU may hold both)
   Element* smem = reinterpret_cast<Element*>(smem_bytes);
   static_assert(kBwdVarlenRowBlock % Layouts::kBlockM == 0, "varlen M blocks must stay whole in a sequence's rows");
-  const BwdBlock tile = BwdBlockScheduler<Layouts::kBlockN, /*kKeys=*/true>::block(params);
+  BwdBlock tile = BwdBlockScheduler<Layouts::kBlockN, /*kKeys=*/true>::block(params);
+  // Varlen with a mask mod: a sequence longer than the bits' padded grid is cut to it (mask_grid.h).
+  if constexpr (kMaskMod) cut_to_mask_grid(params, tile.seq.seqlen_q, tile.seq.seqlen_k);
   // Varlen: a virtual block before its sequence's start or past its used keys; the launcher zeroed its rows, if any.
   if (tile.block < 0 || tile.block * Layouts::kBlockN >= tile.seq.seqlen_k) return;
   // Bottom-right alignment per sequence: the band is its used lengths'.
