@@ -29,12 +29,14 @@ constexpr int32_t mask_grid_keys(int32_t mask_words) { return mask_words * 32; }
 
 // The bits' grid as a dense shape: the shape itself for a dense call; for a packed one, N batch entries of
 // mask_seqlen_q x mask_grid_keys(mask_words), with no offsets.
+// One copy and per-field selects, no early return of the original: in device code two returned structs made ptxas
+// keep the copy in local memory (the sm80 forward's mask twin spilled twice as much).
 constexpr AttnShape mask_bits_grid(const AttnShape& s) {
-  if (s.cu_seqlens_q == nullptr) return s;
+  const bool packed = s.cu_seqlens_q != nullptr;
   AttnShape grid = s;
-  grid.batch = s.num_seqs;
-  grid.seqlen_q = s.mask_seqlen_q;
-  grid.seqlen_k = mask_grid_keys(s.mask_words);
+  grid.batch = packed ? s.num_seqs : s.batch;
+  grid.seqlen_q = packed ? s.mask_seqlen_q : s.seqlen_q;
+  grid.seqlen_k = packed ? mask_grid_keys(s.mask_words) : s.seqlen_k;
   grid.cu_seqlens_q = grid.cu_seqlens_k = grid.seqused_q = grid.seqused_k = nullptr;
   grid.num_seqs = 0;
   return grid;
