@@ -31,7 +31,8 @@ namespace flashjax::sm80 {
 // kSoftcap: whether params.softcap > 0 (see bwd_mainloop_sm80). kMaskMod: whether params.mask_bits is set (the
 // launcher classified the tiles first): a compile-time twin, so that the kernel without a mask mod keeps its code.
 // Measured (tools/check_compile.sh sm80 bwd bf16 128, sm_80, the 163 KB row): without a mod unchanged (255 registers,
-// no spills uncapped, 4 / 4 bytes capped); the mask twins 255 registers, 176 / 180 and 172 / 212 bytes spilled.
+// no spills uncapped, 4 / 4 bytes capped); the mask twins 255 registers, 176 / 180 and 172 / 212 bytes spilled, the
+// same with varlen (the bits' padded grid and the cut, flashjax/mask_grid.h; the twins without a mod SASS identical).
 template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const BwdParams params) {
   using namespace cute;

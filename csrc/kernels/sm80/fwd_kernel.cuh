@@ -30,7 +30,9 @@ namespace flashjax::sm80 {
 // kSoftcap, so that the kernel without a mask mod keeps its code and registers exactly (fwd_mainloop.cuh). Measured
 // (tools/check_compile.sh sm80 fwd bf16 128, sm_80): without a mod unchanged (255 registers, 172 / 216 and 168 / 208
 // bytes spilled, 112-byte stack); the mask twins 255 registers, 464 / 500 (uncapped) and 404 / 444 (capped) bytes
-// spilled, of which the loop over classes alone (the bits apply left out) costs 192 / 216 and 244 / 268.
+// spilled, of which the loop over classes alone (the bits apply left out) costs 192 / 216 and 244 / 268. With varlen
+// (the bits' padded grid and the cut, flashjax/mask_grid.h): 472 / 512 and 388 / 428, the twins without a mod
+// unchanged (SASS identical).
 template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const __grid_constant__ FwdParams params) {
   using namespace cute;
