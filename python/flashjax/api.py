@@ -355,11 +355,12 @@ def _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seq
     sequences padded to mask_grid = (rows, keys) (_varlen_mask_grid), b the sequence, indices local to it."""
     left, right = options.window
     mask_bits = None
-    if options.mask_mod is not None:
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if options.mask_mod is not None and num_seqs > 0:  # no sequence: no row to mask (nor bits of batch 0)
         from . import mask_bits as bits_module
 
-        mask_bits = bits_module.mask_bits(options.mask_mod, batch=cu_seqlens_q.shape[0] - 1, heads=q.shape[1],
-                                          seqlen_q=mask_grid[0], seqlen_k=mask_grid[1])
+        mask_bits = bits_module.mask_bits(options.mask_mod, batch=num_seqs, heads=q.shape[1], seqlen_q=mask_grid[0],
+                                          seqlen_k=mask_grid[1])
     out, lse = varlen_kernel.attention(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), cu_seqlens_q,
                                        cu_seqlens_k, seqused_q, seqused_k,
                                        None if sinks is None else _sinks_for_kernels(sinks),

@@ -137,6 +137,16 @@ def test_jvp_takes_the_references_tangent_with_the_bits(kernel_path):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_no_sequences_run_without_bits(kernel_path):
+    """N = 0 (cu_seqlens of one entry): nothing to mask, no bits of batch 0; out 0, lse -inf, as without a mod."""
+    rng = np.random.default_rng(7)
+    q, k, v, _ = _inputs(rng, 6, 9)
+    cu = np.zeros(1, np.int32)
+    mod = flashjax.sliding_window_mask(3, 0)
+    out, lse = flashjax.flash_attn_varlen(q, k, v, cu, cu, mask_mod=mod, return_lse=True, backend="kernel")
+    assert np.all(np.asarray(out, np.float32) == 0) and np.all(np.isneginf(np.asarray(lse)))
+
+
 def test_the_grid_is_the_hints_or_the_longest_concrete_sequence():
     cu_q, _ = _offsets(LENGTHS_Q)
     cu_k, _ = _offsets(LENGTHS_K)
@@ -243,3 +253,35 @@ def test_cuda_lowering_calls_the_varlen_mask_mod_targets(monkeypatch):
     tangent = lambda q, k, v, cu_q, cu_k, tq: jax.jvp(lambda q: fwd(q, k, v, cu_q, cu_k), (q,), (tq,))[1]
     names = [c.split("@", 1)[1].split("(", 1)[0] for c in calls_of(tangent, q, k, v, cu_q, cu_k, q)]
     assert names == ["flashjax_fwd_varlen_mask_mod"], names  # the tangent: the reference's, lowered inline
+
+
+@pytest.mark.parametrize("block_m,block_n", [(128, 64), (64, 128), (128, 32)])
+def test_classes_of_the_padded_grid_hold_for_every_sequence(block_m, block_n):
+    """mask_grid.h's argument, by brute force: the classes the kernels take over the padded grid (rows max_seqlen_q,
+    keys the bits' whole words) never say full or empty where a sequence's own rows and keys disagree, so visiting a
+    full tile without the bits or skipping an empty one is exact for every sequence length under the hints."""
+    from flashjax import mask_tiles
+
+    rng = np.random.default_rng(block_m + block_n)
+    n, rows, keys = 4, 300, 290
+    words = -(-keys // 32)
+    # Bits from 64 x 64 blocks empty, full or random (all three classes at these tile sizes), bits past `keys` 0.
+    kind = np.repeat(np.repeat(rng.integers(0, 3, (n, 1, 5, 5)), 64, axis=2), 64, axis=3)[:, :, :rows, :words * 32]
+    dense = np.where(kind == 0, False, np.where(kind == 1, True, rng.random(kind.shape) < 0.5))
+    dense[..., keys:] = False
+    bits = np.zeros((n, 1, rows, words), np.uint32)
+    for w in range(words):
+        for j in range(32):
+            bits[..., w] |= dense[..., 32 * w + j].astype(np.uint32) << np.uint32(j)
+    classes = mask_tiles.tile_classes(bits, words * 32, block_m, block_n)  # as launch_mask_bits_tiles(grid)
+    assert {mask_tiles.EMPTY, mask_tiles.PARTIAL, mask_tiles.FULL} <= set(np.unique(classes).tolist())
+    unpacked = mask_tiles.unpack(bits, words * 32)
+    for b in range(n):
+        for used_q, used_k in ((rows, keys), (1, 1), (77, 130), (150, 33), (128, 64), (299, 257)):
+            for m in range(-(-used_q // block_m)):
+                for t in range(-(-used_k // block_n)):
+                    part = unpacked[b, 0, m * block_m:min((m + 1) * block_m, used_q),
+                                    t * block_n:min((t + 1) * block_n, used_k)]
+                    c = classes[b, 0, m, t]
+                    assert c != mask_tiles.FULL or part.all(), (b, used_q, used_k, m, t)
+                    assert c != mask_tiles.EMPTY or not part.any(), (b, used_q, used_k, m, t)
