@@ -522,10 +522,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                         softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, mask_mod=mask_mod,
                         return_lse=return_lse, deterministic=deterministic, backend=backend)
     varlen.check_concrete_call(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
-    # A mask mod's padded grid, from the hints or the offsets as given (concrete outside jit); a str: the reason the
-    # kernels cannot take the mod. Only the kernel path needs it.
-    mask_grid = (None if mask_mod is None else
-                 _varlen_mask_grid(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    given_offsets = (cu_seqlens_q, cu_seqlens_k)  # as passed (concrete outside jit): a mask mod's grid reads them
     operands = [q, k, v, cu_seqlens_q, cu_seqlens_k] + [x for x in (seqused_q, seqused_k, sinks) if x is not None]
     guarded = iter(primitives.varlen_guard_p.bind(*operands))
     q, k, v, cu_seqlens_q, cu_seqlens_k = (next(guarded) for _ in range(5))
@@ -533,9 +530,14 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
 
     def run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, mask_mod):
         backend, _, plan = choose(call)
-        if backend == "kernel" and isinstance(mask_grid, str):
-            _fall_back(call.options, mask_grid, stacklevel=5)
-            backend = "reference"
+        mask_grid = None
+        if backend == "kernel" and mask_mod is not None:
+            # The bits' padded grid, from the hints or the given offsets; a str: why the kernels cannot take the mod.
+            # Only the kernel path asks (the reference takes any hint).
+            mask_grid = _varlen_mask_grid(*given_offsets, max_seqlen_q, max_seqlen_k)
+            if isinstance(mask_grid, str):
+                _fall_back(call.options, mask_grid, stacklevel=5)
+                backend = "reference"
         options = dataclasses.replace(call.options, mask_mod=mask_mod)
         q, k, v = sharding.check("varlen", q, k, v)
         if backend == "kernel":

@@ -181,9 +181,21 @@ def test_under_jit_without_hints_kernel_raises_and_auto_runs_the_reference(kerne
     jaxpr = str(jax.make_jaxpr(call("auto"))(q, cu_q, cu_k))
     assert "flashjax_fwd_varlen" not in jaxpr  # the reference ran
     _assert_close(got, call("reference")(q, cu_q, cu_k))
-    # A hint smaller than a concrete sequence: the kernels would cut it, so the call says so.
+    # A hint smaller than a concrete sequence: the kernels would cut it, so the call says so; the reference takes it.
     with pytest.raises(ValueError, match="max_seqlen_k must be at least"):
         flashjax.flash_attn_varlen(q, k, v, cu_q, cu_k, mask_mod=mod, max_seqlen_k=8, backend="kernel")
+
+
+def test_the_reference_takes_a_short_hint_with_a_mod():
+    """Only the kernel path needs the grid: the reference's hints cost time, never results (design §2.7)."""
+    rng = np.random.default_rng(8)
+    cu_q, tq = _offsets(LENGTHS_Q)
+    cu_k, tk = _offsets(LENGTHS_K)
+    q, k, v, _ = _inputs(rng, tq, tk)
+    mod = _mods(rng)["window"]
+    short_hint = flashjax.flash_attn_varlen(q, k, v, cu_q, cu_k, mask_mod=mod, max_seqlen_k=8, max_seqlen_q=4,
+                                            backend="reference")
+    _assert_close(short_hint, flashjax.flash_attn_varlen(q, k, v, cu_q, cu_k, mask_mod=mod, backend="reference"))
 
 
 def test_the_reference_lowering_masks_rows_and_keys_past_the_grid():
