@@ -297,3 +297,23 @@ def test_classes_of_the_padded_grid_hold_for_every_sequence(block_m, block_n):
                     c = classes[b, 0, m, t]
                     assert c != mask_tiles.FULL or part.all(), (b, used_q, used_k, m, t)
                     assert c != mask_tiles.EMPTY or not part.any(), (b, used_q, used_k, m, t)
+
+
+def test_jvp_of_grad_carries_the_bits():
+    """bwd_varlen's JVP (the reference backward's) with the bits as an operand: jvp of grad equals the reference's."""
+    rng = np.random.default_rng(9)
+    cu_q, tq = _offsets([5, 0, 12])
+    cu_k, tk = _offsets([7, 2, 11])
+    q, k, v, sinks = (x.astype(jnp.float32) for x in _inputs(rng, tq, tk))
+    mod = flashjax.sliding_window_mask(3, 1)
+    bits = mask_bits.mask_bits(mod, batch=3, heads=HQ, seqlen_q=12, seqlen_k=11)
+    kernel = lambda q, k, v, s: varlen_kernel.attention(
+        q, k, v, jnp.asarray(cu_q), jnp.asarray(cu_k), None, None, s, softmax_scale=0.25, softcap=0.0,
+        window_left=-1, window_right=-1, mask_bits=bits)[0]
+    ref = lambda q, k, v, s: flashjax.flash_attn_varlen(q, k, v, cu_q, cu_k, sinks=s, softmax_scale=0.25,
+                                                        mask_mod=mod, backend="reference")
+    tangents = tuple(jnp.asarray(rng.standard_normal(x.shape), jnp.float32) for x in (q, k, v, sinks))
+    hvp = lambda f: jax.jvp(jax.grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2, 3)), (q, k, v, sinks),
+                            tangents)
+    for got, want in zip(jax.tree.leaves(hvp(kernel)), jax.tree.leaves(hvp(ref))):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
