@@ -93,6 +93,13 @@ MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "ta
 # A mask-mod tangent at D 256 on a 99 KB device therefore runs the reference's tangent.
 MASK_MOD_EXCLUDED: set[tuple[str, str, int, int]] = {("sm80", "tangent", 256, 99)}
 
+# (family, direction) pairs that take a mask mod together with packed sequences (the bits over the N sequences padded
+# to the max_seqlen hints, flashjax/mask_grid.h); varlen calls with a mask mod go to these rows only. The sm80
+# family's kMaskMod twins take varlen as the runtime branch they share with the plain kernels; the sm90 forward's
+# varlen and mask-mod variants are separate compile-time variants, not combined.
+VARLEN_MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd")}
+assert VARLEN_MASK_MOD <= VARLEN & MASK_MOD
+
 # The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,
 # direction, dtype, head dim, shared-memory budget in KB or None).)
@@ -149,7 +156,8 @@ def table_rows(entries):
                f"DType::{DTYPES[t][1]}, ({template_args(t, h, b)}), {h}, {str(f in ARCH_SPECIFIC).lower()}, "
                f"{d}_smem_bytes, {d}_choices, {str((f, d) in DETERMINISTIC).lower()}, "
                f"{str((f, d) in VARLEN).lower()}, "
-               f"{str((f, d) in MASK_MOD and (f, d, h, b) not in MASK_MOD_EXCLUDED).lower()})")
+               f"{str((f, d) in MASK_MOD and (f, d, h, b) not in MASK_MOD_EXCLUDED).lower()}, "
+               f"{str((f, d) in VARLEN_MASK_MOD).lower()})")
         rows += [f"#if FLASHJAX_HAS_{f.upper()}", row, "#endif"] if f in ARCH_SPECIFIC else [row]
     return HEADER + "\n".join(rows) + "\n"
 

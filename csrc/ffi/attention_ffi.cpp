@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdint>
 #include <atomic>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "ffi/kernel_table.h"
 #include "ffi/plan.h"
 #include "ffi/strides.h"
+#include "flashjax/mask_grid.h"
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 #include "xla/ffi/api/ffi.h"
@@ -215,10 +217,30 @@ ffi::Error fill_mask_bits(AttnShape& p, const ffi::Buffer<ffi::U32>& bits) {
   return ffi::Error::Success();
 }
 
-// The pass's tile-class workspace, checked against mask_tile_classes_layout for the planned kernel's tiles.
+// Varlen's bits (after fill_varlen_shape): uint32 [1 or N, 1 or Hq, max_seqlen_q, Wk], the N sequences padded to the
+// max_seqlen hints the bits were evaluated for (flashjax/mask_grid.h), whose row count and width are taken from the
+// buffer itself: the kernels never read past them, whatever the offsets hold.
+ffi::Error fill_varlen_mask_bits(AttnShape& p, const ffi::Buffer<ffi::U32>& bits) {
+  const auto d = bits.dimensions();
+  if (d.size() != 4 || (d[0] != 1 && d[0] != p.num_seqs) || (d[1] != 1 && d[1] != p.heads_q) || d[2] > INT32_MAX ||
+      d[3] > INT32_MAX / 32) {
+    return invalid("varlen mask_bits must be uint32 [1 or N, 1 or Hq, max_seqlen_q, ceil(max_seqlen_k / 32)] with N " +
+                   std::to_string(p.num_seqs) + ", Hq " + std::to_string(p.heads_q) + ", got " + dims_str(d));
+  }
+  p.mask_bits = bits.typed_data();
+  p.mask_seqlen_q = static_cast<int32_t>(d[2]);
+  p.mask_words = static_cast<int32_t>(d[3]);
+  p.mask_head_stride = d[1] > 1 ? d[2] * d[3] : 0;
+  p.mask_batch_stride = d[0] > 1 ? d[1] * d[2] * d[3] : 0;
+  return ffi::Error::Success();
+}
+
+// The pass's tile-class workspace, checked against mask_tile_classes_layout for the planned kernel's tiles over the
+// bits' grid (a packed call's: its N padded sequences, mask_grid.h).
 ffi::Error take_mask_tile_classes(AttnShape& p, const PassPlan& plan, ffi::Result<ffi::Buffer<ffi::U8>>& classes) {
+  const AttnShape grid = mask_bits_grid(p);
   const MaskTileClassesLayout layout =
-      mask_tile_classes_layout(p.batch, p.heads_q, p.seqlen_q, p.seqlen_k, plan.choices.block_m,
+      mask_tile_classes_layout(grid.batch, grid.heads_q, grid.seqlen_q, grid.seqlen_k, plan.choices.block_m,
                                plan.choices.block_n, plan.choices.mask_block_lists);
   if (plan.choices.block_m <= 0 || classes->element_count() < static_cast<size_t>(layout.bytes)) {
     return invalid("mask-mod tile-class workspace has " + std::to_string(classes->element_count()) +
@@ -323,18 +345,22 @@ ffi::Error fill_varlen_shape(AttnShape& p, const ffi::AnyBuffer& q, const ffi::A
 
 // The varlen forward: operands as fill_varlen_shape's; optional seqused_q, seqused_k ([N] int32) and sinks ([Hq]
 // f32), in that order, as their flags say. tile_counter: the dynamic walk's workspace (flashjax_fwd_varlen_dynamic),
-// nullptr for the plain target.
-ffi::Error fwd_varlen_run(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+// nullptr for the other targets. mask_bits / tile_classes: the mask-mod target's (nullptr: the others).
+ffi::Error run_fwd_varlen(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
-                          ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
-                          ffi::Result<ffi::Buffer<ffi::F32>> lse, int32_t* tile_counter, bool has_seqused_k,
+                          const ffi::RemainingArgs& optional, ffi::Result<ffi::AnyBuffer>& o,
+                          ffi::Result<ffi::Buffer<ffi::F32>>& lse, int32_t* tile_counter, bool has_seqused_k,
                           bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale, int32_t window_left,
-                          int32_t window_right) {
+                          int32_t window_right, const ffi::Buffer<ffi::U32>* mask_bits = nullptr,
+                          ffi::Result<ffi::Buffer<ffi::U8>>* tile_classes = nullptr) {
   FwdParams p;
   if (auto err = fill_varlen_shape(p, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, softcap, window_left,
                                    window_right);
       err.failure()) {
     return err;
+  }
+  if (mask_bits != nullptr) {
+    if (auto err = fill_varlen_mask_bits(p, *mask_bits); err.failure()) return err;
   }
   OptionalOperands slots(optional, 3);
   const size_t n = static_cast<size_t>(p.num_seqs);
@@ -352,6 +378,9 @@ ffi::Error fwd_varlen_run(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q
   p.lse = lse->typed_data();
   p.varlen_tile_counter = tile_counter;
   const PassPlan plan = plan_for(ordinal, Direction::kFwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  if (plan.kernel != nullptr && tile_classes != nullptr) {
+    if (auto err = take_mask_tile_classes(p, plan, *tile_classes); err.failure()) return err;
+  }
   apply_choices(plan, p);
   return launch(plan, p, stream);
 }
@@ -362,7 +391,7 @@ ffi::Error fwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
                            ffi::Result<ffi::Buffer<ffi::F32>> lse, bool has_seqused_k, bool has_seqused_q,
                            bool has_sinks, float softcap, float softmax_scale, int32_t window_left,
                            int32_t window_right) {
-  return fwd_varlen_run(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse, nullptr,
+  return run_fwd_varlen(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse, nullptr,
                         has_seqused_k, has_seqused_q, has_sinks, softcap, softmax_scale, window_left, window_right);
 }
 
@@ -378,9 +407,24 @@ ffi::Error fwd_varlen_dynamic_impl(cudaStream_t stream, int32_t ordinal, ffi::An
   if (tile_counter->element_count() < static_cast<size_t>(kVarlenTileCounterInts)) {
     return invalid("varlen tile-counter workspace is smaller than the walk needs");
   }
-  return fwd_varlen_run(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse,
+  return run_fwd_varlen(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse,
                         tile_counter->typed_data(), has_seqused_k, has_seqused_q, has_sinks, softcap, softmax_scale,
                         window_left, window_right);
+}
+
+// The varlen forward with a mask mod (issue 38): the offsets, then the bits [1 or N, 1 or Hq, max_seqlen_q, Wk]
+// (mask_grid.h), then the optional operands; o, lse and the tile-class workspace of the padded grid.
+ffi::Error fwd_varlen_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                    ffi::AnyBuffer v, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                                    ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::U32> mask_bits,
+                                    ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> o,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> lse,
+                                    ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_seqused_k,
+                                    bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale,
+                                    int32_t window_left, int32_t window_right) {
+  return run_fwd_varlen(stream, ordinal, q, k, v, cu_seqlens_q, cu_seqlens_k, optional, o, lse, nullptr,
+                        has_seqused_k, has_seqused_q, has_sinks, softcap, softmax_scale, window_left, window_right,
+                        &mask_bits, &tile_classes);
 }
 
 // What every backward target shares once the shape is filled and the pass planned: the workspace checked against
@@ -505,20 +549,26 @@ ffi::Error bwd_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
 // The varlen backward: q, k, v, o, lse [Hq, Tq], dout, the offsets, then the optional seqused_q, seqused_k ([N]
 // int32), dlse ([Hq, Tq]) and sinks ([Hq]) as their flags say; the gradients and the workspace of
 // bwd_varlen_workspace_layout (one slab per query head, rows placed per sequence).
-ffi::Error bwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
-                           ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
-                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
-                           ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
-                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
-                           ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
-                           ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_seqused_k,
-                           bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale,
-                           int32_t window_left, int32_t window_right) {
+// mask_bits / tile_classes: the mask-mod target's (nullptr: the plain one).
+ffi::Error run_bwd_varlen(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                          ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                          ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
+                          const ffi::RemainingArgs& optional, ffi::Result<ffi::AnyBuffer>& dq,
+                          ffi::Result<ffi::AnyBuffer>& dk, ffi::Result<ffi::AnyBuffer>& dv,
+                          ffi::Result<ffi::Buffer<ffi::F32>>& dsinks, ffi::Result<ffi::Buffer<ffi::F32>>& dq_accum,
+                          ffi::Result<ffi::Buffer<ffi::F32>>& dpsum, ffi::Result<ffi::Buffer<ffi::F32>>& lse_log2,
+                          bool has_dlse, bool has_seqused_k, bool has_seqused_q, bool has_sinks, float softcap,
+                          float softmax_scale, int32_t window_left, int32_t window_right,
+                          const ffi::Buffer<ffi::U32>* mask_bits = nullptr,
+                          ffi::Result<ffi::Buffer<ffi::U8>>* tile_classes = nullptr) {
   BwdParams p;
   if (auto err = fill_varlen_shape(p, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, softcap, window_left,
                                    window_right);
       err.failure()) {
     return err;
+  }
+  if (mask_bits != nullptr) {
+    if (auto err = fill_varlen_mask_bits(p, *mask_bits); err.failure()) return err;
   }
   if (o.element_count() != q.element_count() || dout.element_count() != q.element_count() ||
       lse.element_count() != size_t(p.heads_q) * p.seqlen_q) {
@@ -526,6 +576,9 @@ ffi::Error bwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   }
   const PassPlan plan = plan_for(ordinal, Direction::kBwd, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
   if (plan.kernel == nullptr) return launch(plan, p, stream);
+  if (tile_classes != nullptr) {
+    if (auto err = take_mask_tile_classes(p, plan, *tile_classes); err.failure()) return err;
+  }
   const BwdWorkspaceLayout workspace = bwd_varlen_workspace_layout(p.seqlen_q, p.num_seqs, p.heads_q, p.head_dim);
   if (workspace.seqlen_q_rounded == 0 && p.num_seqs > 0) {
     return invalid("varlen backward: Tq + N * " + std::to_string(kBwdVarlenRowBlock) +
@@ -540,6 +593,40 @@ ffi::Error bwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer 
   p.v = v.untyped_data();
   return launch_backward(stream, p, plan, workspace, o, lse, dout, slots, dq, dk, dv, dsinks, dq_accum, dpsum,
                          lse_log2, has_dlse, has_sinks);
+}
+
+ffi::Error bwd_varlen_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout,
+                           ffi::Buffer<ffi::S32> cu_seqlens_q, ffi::Buffer<ffi::S32> cu_seqlens_k,
+                           ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dq_accum, ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                           ffi::Result<ffi::Buffer<ffi::F32>> lse_log2, bool has_dlse, bool has_seqused_k,
+                           bool has_seqused_q, bool has_sinks, float softcap, float softmax_scale,
+                           int32_t window_left, int32_t window_right) {
+  return run_bwd_varlen(stream, ordinal, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, optional, dq, dk, dv,
+                        dsinks, dq_accum, dpsum, lse_log2, has_dlse, has_seqused_k, has_seqused_q, has_sinks, softcap,
+                        softmax_scale, window_left, window_right);
+}
+
+// The varlen backward with a mask mod (issue 38): the offsets, then the forward's bits (the same array, a residual),
+// then the optional operands; the gradients, the f32 workspace and the tile classes of the padded grid.
+ffi::Error bwd_varlen_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                                    ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse,
+                                    ffi::AnyBuffer dout, ffi::Buffer<ffi::S32> cu_seqlens_q,
+                                    ffi::Buffer<ffi::S32> cu_seqlens_k, ffi::Buffer<ffi::U32> mask_bits,
+                                    ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> dq,
+                                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> dsinks,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> dpsum,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> lse_log2,
+                                    ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_dlse,
+                                    bool has_seqused_k, bool has_seqused_q, bool has_sinks, float softcap,
+                                    float softmax_scale, int32_t window_left, int32_t window_right) {
+  return run_bwd_varlen(stream, ordinal, q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, optional, dq, dk, dv,
+                        dsinks, dq_accum, dpsum, lse_log2, has_dlse, has_seqused_k, has_seqused_q, has_sinks, softcap,
+                        softmax_scale, window_left, window_right, &mask_bits, &tile_classes);
 }
 
 // What both tangent targets share once the shape is filled: every tangent shaped like its primal (the kernel reads
@@ -901,6 +988,27 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_mask_mod, flashjax::bwd_mask_mod_impl
                                   flashjax::with_bwd_results(
                                       flashjax::bwd_operands().Arg<ffi::Buffer<ffi::U32>>())  // mask_bits
                                       .Ret<ffi::Buffer<ffi::U8>>()),  // workspace: mask_tile_classes
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen_mask_mod, flashjax::fwd_varlen_mask_mod_impl,
+                              flashjax::with_varlen_attrs(flashjax::qkv_binding()
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_q [N + 1]
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // cu_seqlens_k [N + 1]
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // mask_bits [1 or N, 1 or Hq, max_seqlen_q, Wk]
+                                  .RemainingArgs()                // seqused_q, seqused_k [N] int32; sinks [Hq] f32
+                                  .Ret<ffi::AnyBuffer>()          // o [Tq, Hq, D]
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // lse [Hq, Tq]
+                                  .Ret<ffi::Buffer<ffi::U8>>()),  // workspace: mask_tile_classes
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_varlen_mask_mod, flashjax::bwd_varlen_mask_mod_impl,
+                              flashjax::with_varlen_attrs(
+                                  flashjax::with_bwd_results(flashjax::bwd_operands()
+                                                                 .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_q
+                                                                 .Arg<ffi::Buffer<ffi::S32>>()    // cu_seqlens_k
+                                                                 .Arg<ffi::Buffer<ffi::U32>>())   // mask_bits
+                                      .Ret<ffi::Buffer<ffi::U8>>()  // workspace: mask_tile_classes
+                                      .Attr<bool>("has_dlse")),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_deterministic, flashjax::bwd_deterministic_impl,

@@ -25,6 +25,7 @@ struct flashjax_problem {
   float softcap;
   int32_t has_sinks, varlen, mask_mod, deterministic;
   int32_t num_splits;  // 0: the plan chooses
+  int32_t mask_seqlen_q, mask_seqlen_k;  // varlen with a mask mod: the max_seqlen hints of its bits (plan.h)
 };
 
 struct flashjax_device {
@@ -106,6 +107,8 @@ FLASHJAX_EXPORT int flashjax_plan(const flashjax_problem* problem, const flashja
   p.mask_mod = problem->mask_mod != 0;
   p.deterministic = problem->deterministic != 0;
   p.num_splits = problem->num_splits;
+  p.mask_seqlen_q = problem->mask_seqlen_q;
+  p.mask_seqlen_k = problem->mask_seqlen_k;
   flashjax::DeviceProps d;
   d.sm = device->sm;
   d.smem_per_block_optin = flashjax::dispatch_smem_limit(device->sm, device->smem_per_block_optin);

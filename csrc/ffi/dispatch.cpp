@@ -104,10 +104,12 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // tangent sm80's (dense tangents run on the sm90 tangent kernel there).
   // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward, backward
   // and tangent, the sm90 forward and tangent; so on Hopper the forward and the tangent are sm90's, the backward
-  // sm80's. Not with varlen (b would be the sequence, the indices sequence-local).
-  if (problem.mask_mod && problem.varlen) {
-    choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
-                    "the kernels)";
+  // sm80's. Varlen with a mask mod (b the sequence, indices sequence-local, the bits over the padded sequences) runs on
+  // the rows that take the two together (KernelEntry::varlen_mask_mod: the sm80 forward and backward, on every GPU);
+  // not in the tangent.
+  if (problem.mask_mod && problem.varlen && problem.direction == Direction::kTangent) {
+    choice.reason = "no tangent kernel implements mask_mod with varlen (packed) attention yet (jax.jvp of such a "
+                    "call evaluates the reference's tangent)";
     return choice;
   }
   // deterministic=True with varlen: no backward orders packed sequences' dq sums (the sm90 backward's counters are
@@ -142,7 +144,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     const bool family_runs = entry.arch_specific ? family_sm == device_sm : family_sm <= device_sm;
     if (entry.direction != problem.direction || entry.dtype != problem.dtype ||
         entry.head_dim != problem.head_dim || !family_runs ||
-        (problem.varlen && !entry.varlen) || (problem.mask_mod && !entry.mask_mod)) {
+        (problem.varlen && !entry.varlen) || (problem.mask_mod && !entry.mask_mod) ||
+        (problem.varlen && problem.mask_mod && !entry.varlen_mask_mod)) {
       continue;
     }
     if (ordered && !entry.deterministic) {
@@ -176,7 +179,12 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
     choice.reason = std::string(choice.kernel->family) + " " + direction_name(problem.direction) + " kernel, " +
                     dtype_name(problem.dtype) + ", head dim " + std::to_string(problem.head_dim) +
                     (ordered ? ", dq partials added in a fixed order (deterministic=True)" : "") +
-                    (problem.mask_mod
+                    (problem.mask_mod && problem.varlen
+                         ? std::string(" (varlen with a mask mod: the newest family whose ") +
+                               direction_name(problem.direction) + " takes packed sequences with the mask bits of " +
+                               "their padded grid on this sm_" + std::to_string(device_sm) +
+                               " device; the sm90 family's do not yet)"
+                     : problem.mask_mod
                          ? std::string(" (mask mod: the newest family whose ") + direction_name(problem.direction) +
                                " takes the mask bits on this sm_" + std::to_string(device_sm) +
                                " device, its tiles classified empty / full / partial; the sm90 family's forward "

@@ -38,6 +38,10 @@ struct KernelEntry {
   bool varlen = false;
   // Takes a mask mod's bits (AttnShape::mask_bits); mask-mod calls go to such rows only (gen_kernels.py's MASK_MOD).
   bool mask_mod = false;
+  // Takes the two together: packed sequences with a mask mod's bits over their padded grid (flashjax/mask_grid.h).
+  // Varlen calls with a mask mod go to such rows only (gen_kernels.py's VARLEN_MASK_MOD): a family may take each
+  // feature in a separate compile-time variant and not their combination.
+  bool varlen_mask_mod = false;
 };
 
 // One row of a generated table (csrc/kernels/generated/kernel_table_*.inc) as a KernelEntry, with `launch` its
@@ -45,7 +49,7 @@ struct KernelEntry {
 // targs is the instantiation's template argument list in parentheses, e.g. (cutlass::bfloat16_t, 128, 99).
 #define FLASHJAX_TEMPLATE_ARGS(...) __VA_ARGS__
 #define FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices,      \
-                              deterministic, varlen, mask_mod, launch)                                     \
+                              deterministic, varlen, mask_mod, varlen_mask_mod, launch)                    \
   KernelEntry{#family,                                                                                     \
               direction,                                                                                   \
               dtype,                                                                                       \
@@ -56,7 +60,8 @@ struct KernelEntry {
               &family::choices<FLASHJAX_TEMPLATE_ARGS targs>,                                              \
               deterministic,                                                                               \
               varlen,                                                                                      \
-              mask_mod},
+              mask_mod,                                                                                    \
+              varlen_mask_mod},
 
 // What dispatch needs to know of a call; the features that no kernel family implements yet are flags here.
 struct ProblemKey {

@@ -27,9 +27,9 @@ const std::vector<KernelEntry>& kernel_table() {
   // e.g. (cutlass::bfloat16_t, 128, 99): the element type, the head dim, and the shared-memory budget of a family
   // that has budgets (sm80: launch.h).
 #define FLASHJAX_KERNEL(family, run, direction, params, dtype, targs, hdim, arch_specific, smem_bytes, choices,    \
-                        deterministic, varlen, mask_mod)                                                       \
+                        deterministic, varlen, mask_mod, varlen_mask_mod)                                      \
   FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices, deterministic, \
-                        varlen, mask_mod,                                                                      \
+                        varlen, mask_mod, varlen_mask_mod,                                                     \
                         reinterpret_cast<const void*>(                                                         \
                             static_cast<LaunchFn<params>>(&family::run<FLASHJAX_TEMPLATE_ARGS targs>)))
   static const std::vector<KernelEntry> table = {

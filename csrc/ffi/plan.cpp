@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "flashjax/mask_grid.h"
 #include "flashjax/workspace.h"
 
 namespace flashjax {
@@ -20,6 +21,8 @@ AttnShape compiled_shape(const Problem& problem, int32_t width) {
   shape.softcap = problem.softcap;
   shape.window_left = problem.window_left;
   shape.window_right = problem.window_right;
+  shape.mask_seqlen_q = problem.mask_seqlen_q;
+  shape.mask_words = mask_bits_words(problem.mask_seqlen_k);
   return shape;
 }
 
@@ -31,9 +34,12 @@ std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& 
                                           const FamilyChoices& choices) {
   // The fused jvp kernel needs no workspace, nor does the tangent without a mask mod (with one: its tile classes).
   if (direction == Direction::kJvp || (direction == Direction::kTangent && !mask_mod)) return {};
+  // The classes cover the bits' grid: the call's own, or varlen's N sequences padded to the hints (mask_grid.h).
+  const int32_t grid_rows = varlen ? shape.mask_seqlen_q : shape.seqlen_q;
+  const int32_t grid_keys = varlen ? mask_grid_keys(shape.mask_words) : shape.seqlen_k;
   const MaskTileClassesLayout classes =
-      mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m,
-                               choices.block_n, choices.mask_block_lists);
+      mask_tile_classes_layout(shape.batch, shape.heads_q, grid_rows, grid_keys, choices.block_m, choices.block_n,
+                               choices.mask_block_lists);
   const WorkspaceBuffer classes_buffer = {"mask_tile_classes",
                                           {shape.batch, shape.heads_q, classes.m_blocks, classes.row_bytes()},
                                           "uint8"};
@@ -47,9 +53,11 @@ std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& 
   }
   if (varlen) {  // one slab per query head, each sequence's rows placed by its offset (flashjax/workspace.h)
     const int64_t rows = bwd_varlen_rows(shape.seqlen_q, shape.batch);
-    return {{"dq_accum", {shape.heads_q, rows, shape.head_dim}},
-            {"dpsum", {shape.heads_q, rows}},
-            {"lse_log2", {shape.heads_q, rows}}};
+    std::vector<WorkspaceBuffer> buffers = {{"dq_accum", {shape.heads_q, rows, shape.head_dim}},
+                                            {"dpsum", {shape.heads_q, rows}},
+                                            {"lse_log2", {shape.heads_q, rows}}};
+    if (mask_mod) buffers.push_back(classes_buffer);
+    return buffers;
   }
   const BwdWorkspaceLayout layout = bwd_workspace_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.head_dim);
   std::vector<WorkspaceBuffer> buffers = {
@@ -120,6 +128,10 @@ Problem problem_of(const AttnShape& shape, bool has_sinks, int32_t num_splits, b
   problem.varlen = shape.cu_seqlens_q != nullptr;
   problem.mask_mod = shape.mask_bits != nullptr;
   if (problem.varlen) problem.batch = shape.num_seqs;
+  if (problem.varlen && problem.mask_mod) {  // the bits' padded grid (flashjax/mask_grid.h)
+    problem.mask_seqlen_q = shape.mask_seqlen_q;
+    problem.mask_seqlen_k = mask_grid_keys(shape.mask_words);
+  }
   return problem;
 }
 

@@ -29,6 +29,9 @@ struct Problem {
   bool mask_mod = false;
   bool deterministic = false;  // the backward must be bitwise reproducible
   int32_t num_splits = 0;      // forward: 0 lets the plan choose; n >= 1 is the count the lowering fixed
+  // Varlen with a mask mod: the max_seqlen hints the bits were evaluated for, whose padded grid the tile classes
+  // cover (flashjax/mask_grid.h). Unused otherwise.
+  int32_t mask_seqlen_q = 0, mask_seqlen_k = 0;
 };
 
 // The problem of a call the FFI handler decoded (shape.head_dim is its width; varlen when shape.cu_seqlens_q is set,

@@ -32,9 +32,12 @@ FWD_MASK_MOD_TARGET = "flashjax_fwd_mask_mod"  # a mask mod's bits and the tile-
 BWD_MASK_MOD_TARGET = "flashjax_bwd_mask_mod"
 JVP_TARGET = "flashjax_jvp"  # jax.jvp's fused pass: out, lse and their tangents in one kernel (primitives.py)
 TANGENT_MASK_MOD_TARGET = "flashjax_tangent_mask_mod"  # jax.jvp of a mask-mod call (issue 39)
+FWD_VARLEN_MASK_MOD_TARGET = "flashjax_fwd_varlen_mask_mod"  # varlen with a mask mod's padded bits (varlen_kernel.py)
+BWD_VARLEN_MASK_MOD_TARGET = "flashjax_bwd_varlen_mask_mod"
 KERNEL_TARGETS = (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
                   BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET, BWD_MASK_MOD_TARGET,
-                  JVP_TARGET, FWD_VARLEN_DYNAMIC_TARGET, TANGENT_MASK_MOD_TARGET)
+                  JVP_TARGET, FWD_VARLEN_DYNAMIC_TARGET, TANGENT_MASK_MOD_TARGET, FWD_VARLEN_MASK_MOD_TARGET,
+                  BWD_VARLEN_MASK_MOD_TARGET)
 MASK_BITS_TARGET = "flashjax_mask_bits"  # registered by mask_bits.py with its own state type
 ALL_TARGETS = KERNEL_TARGETS + (MASK_BITS_TARGET,)
 
@@ -61,7 +64,7 @@ class _Problem(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int32) for name in (
         "struct_size", "dtype", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_k", "head_dim", "window_left",
         "window_right")] + [("softcap", ctypes.c_float)] + [(name, ctypes.c_int32) for name in (
-            "has_sinks", "varlen", "mask_mod", "deterministic", "num_splits")]
+            "has_sinks", "varlen", "mask_mod", "deterministic", "num_splits", "mask_seqlen_q", "mask_seqlen_k")]
 
 
 class _Device(ctypes.Structure):
@@ -103,14 +106,16 @@ def build_info() -> dict:
 def plan(*, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_k: int, head_dim: int,
          window_left: int = -1, window_right: int = -1, softcap: float = 0.0, has_sinks: bool = False,
          varlen: bool = False, mask_mod: bool = False, deterministic: bool = False, num_splits: int = 0,
-         device_sm: int, num_sms: int = 0) -> dict:
+         device_sm: int, num_sms: int = 0, mask_seqlen_q: int = 0, mask_seqlen_k: int = 0) -> dict:
     """The library's plan of a call (csrc/ffi/plan.h: the function the FFI handlers also ask): whether the kernels
     run it ("runs", "reason"), the compiled head width, and per pass ("fwd", "bwd", "tangent") the family and the shared memory
     per block of its row ("smem_bytes", 0 where no kernel runs), its tile, GQA packing and key-split choices with their
     reasons, and the workspace shapes of the pass's FFI call. head_dim is the call's
-    own width; dtype a numpy name ("bfloat16", "float16"); num_sms 0 when unknown (then no call splits by rule)."""
+    own width; dtype a numpy name ("bfloat16", "float16"); num_sms 0 when unknown (then no call splits by rule).
+    mask_seqlen_q / mask_seqlen_k: a varlen call's mask-bit grid (the max_seqlen hints), which sizes its tile classes."""
     problem = _Problem(ctypes.sizeof(_Problem), DTYPE[dtype], batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim,
-                       window_left, window_right, softcap, has_sinks, varlen, mask_mod, deterministic, num_splits)
+                       window_left, window_right, softcap, has_sinks, varlen, mask_mod, deterministic, num_splits,
+                       mask_seqlen_q, mask_seqlen_k)
     device = _Device(ctypes.sizeof(_Device), device_sm, 0, num_sms)
     size = 4096
     while True:

@@ -247,12 +247,40 @@ def choose(call: Call, *, device_sm: int | None = None):
         reason = plan["reason"] if codegen_error is None else str(codegen_error)
         if codegen_error is not None and options.backend == "kernel":
             raise codegen_error
+    _fall_back(options, reason, stacklevel=4)
+    return "reference", reason, plan
+
+
+def _fall_back(options: Options, reason: str, *, stacklevel: int = 3) -> None:
+    """No kernel runs the call: backend="kernel" raises ValueError with the reason, "auto" warns once per reason."""
     if options.backend == "kernel":
         raise ValueError(f"flashjax: backend='kernel' but no kernel runs this call: {reason}")
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(f"flashjax: using the pure-JAX reference because {reason}", stacklevel=3)
-    return "reference", reason, plan
+        warnings.warn(f"flashjax: using the pure-JAX reference because {reason}", stacklevel=stacklevel)
+
+
+def _varlen_mask_grid(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The padded grid (rows, keys) a varlen call's mask bits are evaluated over (design §2.7: N sequences padded to
+    the longest), or the reason there is none. The max_seqlen hints where given, else the longest sequence of
+    concrete offsets; traced offsets without a hint leave the grid unknown: the kernels cannot take the mod. A hint
+    smaller than a concrete sequence raises ValueError (the kernels would cut that sequence, mask_grid.h)."""
+    grid = []
+    for name, offsets, hint, side in (("max_seqlen_q", cu_seqlens_q, max_seqlen_q, "cu_seqlens_q"),
+                                      ("max_seqlen_k", cu_seqlens_k, max_seqlen_k, "cu_seqlens_k")):
+        if varlen._is_concrete(offsets):
+            values = np.asarray(offsets).astype(np.int64)
+            longest = int(np.max(values[1:] - values[:-1], initial=0))
+            if hint is not None and hint < longest:
+                _fail(ValueError, name, hint, f"at least the longest sequence in {side} ({longest} tokens): a mask "
+                      "mod with varlen is evaluated over the sequences padded to it")
+            grid.append(longest if hint is None else hint)
+        elif hint is None:
+            return (f"a mask mod with varlen (packed) attention needs max_seqlen_q and max_seqlen_k under jit: its "
+                    f"bits cover the sequences padded to them ({name} is None and {side} is traced)")
+        else:
+            grid.append(hint)
+    return max(grid[0], 1), max(grid[1], 1)
 
 
 def _mask_mod_codegen_error(mask_mod):
@@ -321,16 +349,24 @@ def _kernel_attention(q, k, v, sinks, options: Options, width: int):
 
 
 def _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, options: Options,
-                             width: int, max_seqlen_q, max_seqlen_k):
+                             width: int, max_seqlen_q, max_seqlen_k, mask_grid=None):
     """Varlen call on the kernel path (varlen_kernel.py): padded as _kernel_attention pads, sinks as it treats them;
-    the max_seqlen hints serve the backward's reference lowering (off CUDA)."""
+    the max_seqlen hints serve the backward's reference lowering (off CUDA). A mask mod runs as its bits over the N
+    sequences padded to mask_grid = (rows, keys) (_varlen_mask_grid), b the sequence, indices local to it."""
     left, right = options.window
+    mask_bits = None
+    num_seqs = cu_seqlens_q.shape[0] - 1
+    if options.mask_mod is not None and num_seqs > 0:  # no sequence: no row to mask (nor bits of batch 0)
+        from . import mask_bits as bits_module
+
+        mask_bits = bits_module.mask_bits(options.mask_mod, batch=num_seqs, heads=q.shape[1], seqlen_q=mask_grid[0],
+                                          seqlen_k=mask_grid[1])
     out, lse = varlen_kernel.attention(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width), cu_seqlens_q,
                                        cu_seqlens_k, seqused_q, seqused_k,
                                        None if sinks is None else _sinks_for_kernels(sinks),
                                        softmax_scale=options.softmax_scale, softcap=options.softcap,
                                        window_left=left, window_right=right, max_seqlen_q=max_seqlen_q,
-                                       max_seqlen_k=max_seqlen_k)
+                                       max_seqlen_k=max_seqlen_k, mask_bits=mask_bits)
     if sinks is not None:
         # Rows that see a key take the special sink as lse; unused rows keep -inf (the kernel's prefill).
         lse = jnp.where(lse > -jnp.inf, _lse_of_special_sinks(lse, sinks, head_axis=0), lse)  # lse [Hq, Tq]
@@ -486,6 +522,7 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
                         softmax_scale=softmax_scale, sinks=sinks, softcap=softcap, mask_mod=mask_mod,
                         return_lse=return_lse, deterministic=deterministic, backend=backend)
     varlen.check_concrete_call(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, q.shape[0], k.shape[0])
+    given_offsets = (cu_seqlens_q, cu_seqlens_k)  # as passed (concrete outside jit): a mask mod's grid reads them
     operands = [q, k, v, cu_seqlens_q, cu_seqlens_k] + [x for x in (seqused_q, seqused_k, sinks) if x is not None]
     guarded = iter(primitives.varlen_guard_p.bind(*operands))
     q, k, v, cu_seqlens_q, cu_seqlens_k = (next(guarded) for _ in range(5))
@@ -493,11 +530,19 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
 
     def run(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks, mask_mod):
         backend, _, plan = choose(call)
+        mask_grid = None
+        if backend == "kernel" and mask_mod is not None:
+            # The bits' padded grid, from the hints or the given offsets; a str: why the kernels cannot take the mod.
+            # Only the kernel path asks (the reference takes any hint).
+            mask_grid = _varlen_mask_grid(*given_offsets, max_seqlen_q, max_seqlen_k)
+            if isinstance(mask_grid, str):
+                _fall_back(call.options, mask_grid, stacklevel=5)
+                backend = "reference"
         options = dataclasses.replace(call.options, mask_mod=mask_mod)
         q, k, v = sharding.check("varlen", q, k, v)
         if backend == "kernel":
             return _kernel_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, sinks,
-                                            options, plan["head_dim"], max_seqlen_q, max_seqlen_k)
+                                            options, plan["head_dim"], max_seqlen_q, max_seqlen_k, mask_grid)
         return reference.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=seqused_q,
                                           seqused_k=seqused_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                           **_reference_kwargs(options, sinks))
@@ -538,6 +583,11 @@ def explain(q, k, v, *args, varlen=False, device_sm=None, **keywords) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         path, reason, plan = choose(call, device_sm=device_sm)
+        if path == "kernel" and call.varlen and call.options.mask_mod is not None:
+            grid = _varlen_mask_grid(args[0], args[1], keywords.get("max_seqlen_q"), keywords.get("max_seqlen_k"))
+            if isinstance(grid, str):
+                _fall_back(call.options, grid)
+                path, reason, plan = "reference", grid, None
     shape = f"q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} {jnp.dtype(q.dtype).name}"
     details = ""
     if path == "kernel":

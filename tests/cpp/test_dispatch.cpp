@@ -8,14 +8,15 @@ namespace {
 
 // Rows as tools/gen_kernels.py marks them: varlen on the sm80 forward, backward and tangent and the sm90 forward and
 // backward (not the sm90 tangent nor the sm90 fused jvp); mask mods on every sm80 row and the sm90 forward and
-// tangent (not its backward, nor the fused jvp).
+// tangent (not its backward, nor the fused jvp); varlen and mask mods together on the sm80 forward and backward only.
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
   const bool tangent = d == Direction::kTangent || d == Direction::kJvp;
   const bool varlen = !(sm90 && tangent);
   const bool mask_mod = d != Direction::kJvp && !(sm90 && d == Direction::kBwd);
+  const bool varlen_mask_mod = !sm90 && !tangent;
   return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
-          varlen, mask_mod};
+          varlen, mask_mod, varlen_mask_mod};
 }
 
 TEST(ArchRunsOn, SassRunsOnLaterMinorsOfTheSameMajor) {
@@ -268,11 +269,30 @@ TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   EXPECT_EQ(no_tangent.kernel, nullptr);
   tangent.mask_mod = false;  // the same row takes the call without a mask mod
   ASSERT_NE(choose_kernel(90, archs, tangent, unmarked_tangent).kernel, nullptr);
+  // Varlen with a mask mod: the rows that take the two together, sm80's forward and backward even on Hopper, where
+  // the sm90 forward takes each alone (it is marked varlen and mask_mod); never the tangent.
+  for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
+    for (const int sm : {80, 90}) {
+      ProblemKey packed = key(direction, DType::kBFloat16, 128);
+      packed.mask_mod = packed.varlen = true;
+      const Choice c = choose_kernel(sm, archs, packed, table, /*smem_per_block_optin=*/0, /*explain=*/true);
+      ASSERT_NE(c.kernel, nullptr) << c.reason;
+      EXPECT_STREQ(c.kernel->family, "sm80");
+      EXPECT_NE(c.reason.find("varlen with a mask mod"), std::string::npos) << c.reason;
+    }
+  }
+  std::vector<KernelEntry> no_combination = table;
+  for (KernelEntry& e : no_combination) e.varlen_mask_mod = false;
   ProblemKey packed = key(Direction::kFwd, DType::kBFloat16, 128);
   packed.mask_mod = packed.varlen = true;
-  const Choice no_varlen = choose_kernel(80, archs, packed, table);
-  EXPECT_EQ(no_varlen.kernel, nullptr);
-  EXPECT_NE(no_varlen.reason.find("mask_mod with varlen"), std::string::npos) << no_varlen.reason;
+  EXPECT_EQ(choose_kernel(90, archs, packed, no_combination).kernel, nullptr);
+  ProblemKey packed_tangent = key(Direction::kTangent, DType::kBFloat16, 128);
+  packed_tangent.mask_mod = packed_tangent.varlen = true;
+  std::vector<KernelEntry> every_tangent = rows;
+  for (KernelEntry& e : every_tangent) e.mask_mod = e.varlen = e.varlen_mask_mod = true;
+  const Choice no_varlen_tangent = choose_kernel(80, archs, packed_tangent, every_tangent);
+  EXPECT_EQ(no_varlen_tangent.kernel, nullptr);
+  EXPECT_NE(no_varlen_tangent.reason.find("mask_mod with varlen"), std::string::npos) << no_varlen_tangent.reason;
   ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
   ordered.mask_mod = ordered.deterministic = true;
   std::vector<KernelEntry> with_ordered = table;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "ffi/plan.h"
+#include "flashjax/mask_grid.h"
 #include "flashjax/workspace.h"
 
 namespace flashjax {
@@ -35,7 +36,7 @@ FamilyChoices fake_bwd_choices(const AttnShape&, const ChoiceQuery&) {
 
 KernelEntry entry(Direction d, DType t, int hdim, int smem = 48 * 1024) {
   return {"sm80", d, t, hdim, false, smem, nullptr, d == Direction::kFwd ? fake_fwd_choices : fake_bwd_choices,
-          /*deterministic=*/false, /*varlen=*/true, /*mask_mod=*/true};
+          /*deterministic=*/false, /*varlen=*/true, /*mask_mod=*/true, /*varlen_mask_mod=*/true};
 }
 
 class PlanCall : public ::testing::Test {
@@ -252,6 +253,60 @@ TEST_F(PlanCall, MaskModPassesCarryTheirTileClasses) {
   EXPECT_EQ(plan.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 5, 4}));  // ceil(300/64), ceil(500/128)
   EXPECT_EQ(plan.tangent.kernel, nullptr);  // this table has no tangent row: jvp of a mask mod runs the reference's
   EXPECT_TRUE(plan.tangent.workspace.empty());
+}
+
+// Varlen with a mask mod: the classes cover the bits' grid, the N sequences padded to the hints (mask_grid.h: rows
+// max_seqlen_q, keys the bits' whole words), not the token counts; so does a handler's problem (problem_of).
+TEST_F(PlanCall, VarlenMaskModClassesCoverThePaddedSequences) {
+  Problem p = problem();  // N = 2 sequences in 300 query and 500 key tokens
+  p.varlen = p.mask_mod = true;
+  p.mask_seqlen_q = 200;
+  p.mask_seqlen_k = 70;  // 3 words: 96 keys
+  const Plan plan = plan_call(p, device(80, 0), table, archs);
+  ASSERT_TRUE(plan.runs()) << plan.reason;
+  ASSERT_EQ(plan.fwd.workspace.size(), 1u);
+  EXPECT_EQ(plan.fwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 2, 2}));  // ceil(200/128), ceil(96/64)
+  ASSERT_EQ(plan.bwd.workspace.size(), 4u);
+  EXPECT_STREQ(plan.bwd.workspace[3].name, "mask_tile_classes");
+  EXPECT_EQ(plan.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 4, 1}));  // ceil(200/64), ceil(96/128)
+
+  AttnShape shape;
+  shape.batch = 1;
+  shape.seqlen_q = 300;
+  shape.seqlen_k = 500;
+  shape.heads_q = 8;
+  shape.heads_k = 2;
+  shape.head_dim = 128;
+  const int32_t offsets[3] = {0, 100, 300};
+  shape.cu_seqlens_q = shape.cu_seqlens_k = offsets;
+  shape.num_seqs = 2;
+  const uint32_t bits[1] = {};
+  shape.mask_bits = bits;
+  shape.mask_seqlen_q = 200;
+  shape.mask_words = 3;
+  const Problem decoded = problem_of(shape, false, 1);
+  EXPECT_EQ(decoded.batch, 2);
+  EXPECT_EQ(decoded.mask_seqlen_q, 200);
+  EXPECT_EQ(decoded.mask_seqlen_k, 96);
+  const AttnShape grid = mask_bits_grid(shape);
+  EXPECT_EQ(grid.batch, 2);
+  EXPECT_EQ(grid.seqlen_q, 200);
+  EXPECT_EQ(grid.seqlen_k, 96);
+  EXPECT_EQ(grid.cu_seqlens_q, nullptr);
+  int used_q = 250, used_k = 90;  // a sequence longer than the rows: cut; its keys fit
+  cut_to_mask_grid(shape, used_q, used_k);
+  EXPECT_EQ(used_q, 200);
+  EXPECT_EQ(used_k, 90);
+  used_k = 1000;
+  cut_to_mask_grid(shape, used_q, used_k);
+  EXPECT_EQ(used_k, 96);
+  shape.cu_seqlens_q = nullptr;  // dense: the shape is its own grid, nothing is cut
+  EXPECT_EQ(mask_bits_grid(shape).seqlen_q, 300);
+  used_q = 250;
+  used_k = 1000;
+  cut_to_mask_grid(shape, used_q, used_k);
+  EXPECT_EQ(used_q, 250);
+  EXPECT_EQ(used_k, 1000);
 }
 
 // A family that walks block lists (the sm90 forward) asks for them with its choices; the pass's one uint8 workspace

@@ -24,9 +24,9 @@ constexpr Direction kDirections[] = {Direction::kFwd, Direction::kBwd, Direction
 // The full set's sm80 rows (the sm90 ones are behind FLASHJAX_HAS_SM90, which this file leaves undefined).
 const std::vector<KernelEntry>& sm80_rows() {
 #define FLASHJAX_KERNEL(family, run, direction, params, dtype, targs, hdim, arch_specific, smem_bytes, choices, \
-                        deterministic, varlen, mask_mod)                                                    \
+                        deterministic, varlen, mask_mod, varlen_mask_mod)                                   \
   FLASHJAX_KERNEL_ENTRY(family, direction, dtype, targs, hdim, arch_specific, smem_bytes, choices, deterministic, \
-                        varlen, mask_mod, nullptr)
+                        varlen, mask_mod, varlen_mask_mod, nullptr)
   static const std::vector<KernelEntry> rows = {
 #include "kernels/generated/kernel_table_full.inc"
   };

@@ -37,6 +37,7 @@
 #include "ffi/dispatch.h"
 #include "ffi/kernel_table.h"
 #include "ffi/strides.h"
+#include "flashjax/mask_grid.h"
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 #include "kernels/sm80/bwd_tile_sizes.cuh"
@@ -139,6 +140,8 @@ struct Variant {
   const KernelEntry* mask_fwd;  // what dispatch picks for a mask mod (nullptr: none)
   const KernelEntry* mask_bwd;
   const KernelEntry* mask_tangent;  // the mask-mod configs' tangent (sm90 on Hopper, else sm80; nullptr: none)
+  const KernelEntry* varlen_mask_fwd;  // what dispatch picks for varlen with a mask mod (sm80; nullptr: none)
+  const KernelEntry* varlen_mask_bwd;
   const KernelEntry* jvp = nullptr;  // the fused jvp (sm90, D <= 128; nullptr: none, the config skips it)
 };
 
@@ -316,21 +319,26 @@ HostMask make_mask(const Config& c, uint64_t seed) {
   return m;
 }
 
-// The bits uploaded and their fields set as the FFI handler sets them (fill_mask_bits), and this pass's tile-class
-// workspace as the plan sizes it for the kernel's tiles, poisoned (the tile-class kernel must write every entry read).
+// The bits uploaded and their fields set as the FFI handler sets them (fill_mask_bits; fill_varlen_mask_bits for a
+// packed shape, whose bits cover its sequences padded to m.seqlen_q rows), and this pass's tile-class workspace as the
+// plan sizes it for the kernel's tiles over the bits' grid (mask_grid.h), poisoned (the tile-class kernel must write
+// every entry read).
 void attach_mask(Arena& arena, const HostMask& m, const KernelEntry& kernel, flashjax::AttnShape& shape) {
   if (m.bits.empty()) return;
   uint32_t* bits = arena.alloc<uint32_t>(int64_t(m.bits.size()));
   CUDA_CHECK(cudaMemcpy(bits, m.bits.data(), m.bits.size() * sizeof(uint32_t), cudaMemcpyHostToDevice));
   shape.mask_bits = bits;
   shape.mask_words = m.words;
+  shape.mask_seqlen_q = m.seqlen_q;
   shape.mask_head_stride = m.heads > 1 ? int64_t(m.seqlen_q) * m.words : 0;
   shape.mask_batch_stride = m.batches > 1 ? int64_t(m.heads) * m.seqlen_q * m.words : 0;
   flashjax::ChoiceQuery query;
   query.mask_mod = true;
+  query.varlen = shape.cu_seqlens_q != nullptr;
   const flashjax::FamilyChoices choices = kernel.choices(shape, query);
+  const flashjax::AttnShape grid = flashjax::mask_bits_grid(shape);
   const flashjax::MaskTileClassesLayout layout =
-      flashjax::mask_tile_classes_layout(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k, choices.block_m,
+      flashjax::mask_tile_classes_layout(grid.batch, grid.heads_q, grid.seqlen_q, grid.seqlen_k, choices.block_m,
                                          choices.block_n, choices.mask_block_lists);
   uint8_t* workspace = arena.alloc<uint8_t>(layout.bytes);
   poison(workspace, layout.bytes);
@@ -826,6 +834,11 @@ struct VarlenConfig {
   bool sinks, dlse, well_formed;
   float softcap;
   const char* what;
+  // A mask mod (issue 38): random bits over the N sequences padded to mask_rows x mask_keys (the max_seqlen hints,
+  // flashjax/mask_grid.h), shared, per sequence, or per sequence and query head; a grid smaller than a sequence
+  // (a wrong hint under jit) cuts it.
+  Config::MaskBits mask = Config::kNoMask;
+  int mask_rows = 0, mask_keys = 0;
 };
 
 constexpr int32_t kMax = INT32_MAX;
@@ -871,6 +884,28 @@ const VarlenConfig kVarlenConfigs[] = {
      "varlen decode: GQA 4/1 packed, 16 sequences of one query against 2k..8k keys, causal, sinks, dlse"},
     {{0, 2, 1, 3, 4}, {0, 900, 400, 2000, 1900}, {1, 3, 0, 1}, 6, 2100, 8, 2, -1, -1, false, false, false, 0.f,
      "varlen decode: GQA 4/1 packed, decreasing offsets, seqused out of range"},
+    // Varlen with a mask mod (the sm80 kernels on every device): bits [N or 1, Hq or 1, max_q, ceil(max_k / 32)]
+    // built from empty, full and random 32 x 32 blocks, indexed by each sequence's local rows and keys; the grid as
+    // large as the longest sequence, larger (a hint with slack), and smaller (a hint too small: rows and keys past it
+    // are cut, never read from the bits); malformed offsets with bits.
+    {{0, 0, 3, 130, 331}, {0, 5, 5, 300, 517}, {}, 340, 520, 4, 2, -1, 0, true, true, true, 0.f,
+     "varlen mask bits per sequence: empty and tiny sequences, packed differently, causal, sinks, dlse",
+     Config::kMaskPerBatch, 201, 295},
+    {{0, 300, 301, 700}, {0, 260, 500, 940}, {250, 1, 399}, 750, 950, 4, 1, 32, 7, true, true, true, 5.f,
+     "varlen mask bits per sequence and head: window (32, 7), softcap 5, MQA 4/1, seqused, sinks, dlse",
+     Config::kMaskPerHead, 450, 500},
+    {{0, 1, 2, 3}, {0, 700, 1000, 2900}, {1, 0, 1}, 3, 3000, 8, 2, -1, -1, false, false, true, 0.f,
+     "varlen mask bits shared: decode against long keys, seqused", Config::kMaskShared, 1, 1900},
+    {{0, 130, 131, 400}, {0, 100, 300, 517}, {}, 400, 520, 4, 2, -1, -1, true, true, true, 0.f,
+     "varlen mask bits over a grid smaller than the sequences (hints 70 x 90): cut, sinks, dlse",
+     Config::kMaskPerBatch, 70, 90},
+    {{0, 40, 20, 90}, {90, 20, 40, 0}, {}, 90, 120, 4, 2, -1, 0, true, true, false, 0.f,
+     "varlen mask bits per head: decreasing offsets, causal, sinks, dlse", Config::kMaskPerHead, 40, 50},
+    {{-50, 10, -3, 90}, {17, 40, 5000, 80}, {kMax, -5, 7}, 90, 120, 4, 2, 16, 3, false, true, false, 0.f,
+     "varlen mask bits per sequence: negative, past-the-end offsets, seqused out of range, window (16, 3)",
+     Config::kMaskPerBatch, 64, 64},
+    {{0, kMax, kMax, kMax}, {0, kMax, kMax, kMax}, {}, 90, 120, 4, 2, -1, 0, true, true, false, 30.f,
+     "varlen mask bits shared: 2^31 - 1 offsets, causal, softcap 30, sinks, dlse", Config::kMaskShared, 90, 120},
 };
 constexpr int kNumVarlenConfigs = sizeof(kVarlenConfigs) / sizeof(kVarlenConfigs[0]);
 
@@ -912,10 +947,18 @@ void run_varlen_config(int index, const VarlenConfig& c, const Variant& variant,
   fp.cu_seqlens_q = upload(arena, c.cu_q);
   fp.cu_seqlens_k = upload(arena, c.cu_k);
   fp.seqused_q = fp.seqused_k = c.used.empty() ? nullptr : upload(arena, c.used);
+  Config grid{};  // the bits' padded grid as a dense problem, for make_mask
+  grid.batch = n;
+  grid.heads_q = c.heads_q;
+  grid.seqlen_q = c.mask_rows;
+  grid.seqlen_k = c.mask_keys;
+  grid.mask = c.mask;
+  const HostMask mask = make_mask(grid, seed);
+  attach_mask(arena, mask, *variant.fwd, fp);
   run_forward(arena, fp, *variant.fwd, c.sinks, 1, seed, stream);
   const BwdParams bp = run_backward(arena, fp, *variant.bwd,
                                     flashjax::bwd_varlen_workspace_layout(c.total_q, n, c.heads_q, D), c.dlse,
-                                    /*semaphores=*/0, seed, stream);
+                                    /*semaphores=*/0, seed, stream, &mask);
   const DType dtype = variant.dtype;
   const Sizes sizes = sizes_of(fp);
   const int64_t n_q = sizes.q, n_k = sizes.k, n_lse = sizes.lse;
@@ -1025,10 +1068,17 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     key.direction = flashjax::Direction::kTangent;
     const flashjax::Choice mask_tangent = flashjax::choose_kernel(
         device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kBwd;
+    key.varlen = true;  // the varlen mask-mod configs' kernels (gen_kernels.py's VARLEN_MASK_MOD: sm80)
+    const flashjax::Choice varlen_mask_bwd = flashjax::choose_kernel(
+        device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
+    key.direction = flashjax::Direction::kFwd;
+    const flashjax::Choice varlen_mask_fwd = flashjax::choose_kernel(
+        device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
     if (fwd.kernel != nullptr && bwd.kernel != nullptr) {
       variants.push_back({dtype, head_dim, fwd.kernel, bwd.kernel, varlen_fwd.kernel, varlen_bwd.kernel,
                           tangent.kernel, varlen_tangent.kernel, mask_fwd.kernel, mask_bwd.kernel,
-                          mask_tangent.kernel, jvp.kernel});
+                          mask_tangent.kernel, varlen_mask_fwd.kernel, varlen_mask_bwd.kernel, jvp.kernel});
     } else if (reason->empty()) {
       *reason = fwd.kernel == nullptr ? fwd.reason : bwd.reason;
     }
@@ -1142,9 +1192,12 @@ int main(int argc, char** argv) {
     const int i = kNumConfigs + j;
     if (!only.empty() && std::find(only.begin(), only.end(), i) == only.end()) continue;
     const Variant& variant = variants[j % variants.size()];
-    if (variant.varlen_fwd == nullptr || variant.varlen_bwd == nullptr) continue;  // no sm80 family in this build
-    const Variant varlen{variant.dtype, variant.head_dim, variant.varlen_fwd, variant.varlen_bwd, nullptr, nullptr,
-                         variant.varlen_tangent, nullptr};
+    const bool masked = kVarlenConfigs[j].mask != Config::kNoMask;  // no tangent takes a mask mod with varlen
+    const KernelEntry* fwd = masked ? variant.varlen_mask_fwd : variant.varlen_fwd;
+    const KernelEntry* bwd = masked ? variant.varlen_mask_bwd : variant.varlen_bwd;
+    if (fwd == nullptr || bwd == nullptr) continue;  // no sm80 family in this build
+    const Variant varlen{variant.dtype, variant.head_dim, fwd, bwd, nullptr, nullptr,
+                         masked ? nullptr : variant.varlen_tangent, nullptr};
     std::printf("[%d] %s %s D%d fwd %s bwd %s tangent %s", i, kVarlenConfigs[j].what, dtype_name(variant.dtype),
                 variant.head_dim, varlen.fwd->family, varlen.bwd->family,
                 varlen.tangent != nullptr ? varlen.tangent->family : "none");

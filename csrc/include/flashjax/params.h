@@ -54,7 +54,7 @@ struct AttnShape {
   const int32_t* seqused_k = nullptr;     // optional [num_seqs]
   int32_t num_seqs = 0;  // N
 
-  // Mask mod (docs/design.md §2.6, issue 38), on when mask_bits != nullptr (dense calls only): the mod's predicate
+  // Mask mod (docs/design.md §2.6, issue 38), on when mask_bits != nullptr (dense; varlen below): the mod's predicate
   // evaluated once over every (b, h, q, kv) into a packed bitmask, uint32 [Bm, Hm, Sq, Wk] row-major, Wk =
   // ceil(Sk / 32); bit j (1u << j) of word [b, h, q, w] is 1 iff mod(b, h, q, 32 w + j), raw top-left indices, h the
   // QUERY head; bits for kv >= Sk are 0. Bm is B when the mod reads b, else 1 (batch stride 0), Hm likewise Hq or 1
@@ -63,6 +63,11 @@ struct AttnShape {
   int64_t mask_batch_stride = 0;  // Hm * Sq * Wk, or 0 when the bits broadcast over the batch (Bm = 1)
   int64_t mask_head_stride = 0;   // Sq * Wk, or 0 when they broadcast over the heads (Hm = 1)
   int32_t mask_words = 0;         // Wk
+  // Varlen with a mask mod: the bits cover N sequences padded to max_seqlen_q rows and Wk * 32 keys, [Bm, Hm,
+  // mask_seqlen_q, Wk] with Bm N or 1, indices local to each sequence and b the sequence
+  // (kernels/common/mask_bits_grid.cuh). Unused by dense calls, whose bits have Sq rows. It fills the padding after
+  // mask_words, so the fields after it keep their offsets.
+  int32_t mask_seqlen_q = 0;
   // The pass's tile classes (workspace, flashjax/workspace.h's mask_tile_classes_layout): one byte per (b, h,
   // m-block, n-block) of the family's tiles for this pass, written by kernels/common/mask_bits_tiles.cuh before the
   // attention kernel; b / h collapse to 0 where the bits broadcast, as above.

@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "flashjax/mask_grid.h"
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 
@@ -87,12 +88,14 @@ __global__ void __launch_bounds__(kMaskTilesWarps * 32) mask_bits_tiles_kernel(c
   if (lane == 0) s.mask_tile_classes[tile] = !any ? kMaskTileEmpty : all ? kMaskTileFull : kMaskTilePartial;
 }
 
-// Classifies the tiles of a call with mask bits (a no-op without): the launchers call it on their stream first.
+// Classifies the tiles of a call with mask bits (a no-op without): the launchers call it on their stream first, with
+// the bits' grid as a dense shape (mask_bits_grid in flashjax/mask_grid.h: a packed call's is its N padded sequences).
 template <int kBlockM, int kBlockN>
 cudaError_t launch_mask_bits_tiles(const AttnShape& s, cudaStream_t stream) {
   using Classes = MaskTileClasses<kBlockM, kBlockN>;
   if (s.mask_bits == nullptr) return cudaSuccess;
-  if (s.mask_tile_classes == nullptr || s.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;  // dense only
+  // A shape with offsets is not a grid: varlen launchers pass mask_bits_grid(params).
+  if (s.mask_tile_classes == nullptr || s.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;
   if (s.seqlen_q <= 0 || s.seqlen_k <= 0 || s.batch <= 0 || s.heads_q <= 0) return cudaSuccess;  // no tile
   const int64_t tiles = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * Classes::m_blocks(s) *
                         Classes::n_blocks(s);

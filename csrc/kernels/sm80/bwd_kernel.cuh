@@ -16,6 +16,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashjax/mask_grid.h"
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
 #include "kernels/sm80/bwd_epilogue.cuh"
@@ -30,7 +31,8 @@ namespace flashjax::sm80 {
 // kSoftcap: whether params.softcap > 0 (see bwd_mainloop_sm80). kMaskMod: whether params.mask_bits is set (the
 // launcher classified the tiles first): a compile-time twin, so that the kernel without a mask mod keeps its code.
 // Measured (tools/check_compile.sh sm80 bwd bf16 128, sm_80, the 163 KB row): without a mod unchanged (255 registers,
-// no spills uncapped, 4 / 4 bytes capped); the mask twins 255 registers, 176 / 180 and 172 / 212 bytes spilled.
+// no spills uncapped, 4 / 4 bytes capped); the mask twins 255 registers, 176 / 180 and 172 / 212 bytes spilled, the
+// same with varlen (the bits' padded grid and the cut, flashjax/mask_grid.h; the twins without a mod SASS identical).
 template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const BwdParams params) {
   using namespace cute;
@@ -38,7 +40,9 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) bwd_kernel_sm80(const B
   extern __shared__ __align__(128) char smem_bytes[];  // as the forward declares it (one TU may hold both)
   Element* smem = reinterpret_cast<Element*>(smem_bytes);
   static_assert(kBwdVarlenRowBlock % Layouts::kBlockM == 0, "varlen M blocks must stay whole in a sequence's rows");
-  const BwdBlock tile = BwdBlockScheduler<Layouts::kBlockN, /*kKeys=*/true>::block(params);
+  BwdBlock tile = BwdBlockScheduler<Layouts::kBlockN, /*kKeys=*/true>::block(params);
+  // Varlen with a mask mod: a sequence longer than the bits' padded grid is cut to it (mask_grid.h).
+  if constexpr (kMaskMod) cut_to_mask_grid(params, tile.seq.seqlen_q, tile.seq.seqlen_k);
   // Varlen: a virtual block before its sequence's start or past its used keys; the launcher zeroed its rows, if any.
   if (tile.block < 0 || tile.block * Layouts::kBlockN >= tile.seq.seqlen_k) return;
   // Bottom-right alignment per sequence: the band is its used lengths'.

@@ -34,7 +34,6 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q_rounded < slab_rows || params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 ||
       (varlen && (params.batch != 1 || params.num_seqs < 0)) ||
-      (varlen && params.mask_bits != nullptr) ||  // varlen + mask mod runs on the reference
       params.deterministic) {  // its dq atomics land in any order: dispatch sends deterministic calls elsewhere
     return cudaErrorInvalidValue;
   }
@@ -61,7 +60,9 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
     // same stream, after the preprocess and before the main kernel that reads them.
     const bool mask_mod = params.mask_bits != nullptr;
     if (mask_mod) {
-      const cudaError_t mask_err = common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(params, stream);
+      // Varlen: the classes of the bits' padded grid (flashjax/mask_grid.h).
+      const cudaError_t mask_err =
+          common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(mask_bits_grid(params), stream);
       if (mask_err != cudaSuccess) return mask_err;
     }
     // Same condition as BwdScoreScales::has_softcap.

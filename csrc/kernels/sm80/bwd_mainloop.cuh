@@ -95,9 +95,11 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     return m_blocks.begin + m;
   };
   auto step_m_start = [&](int step) { return step_m_block(step) * kBlockM; };
+  // The mod's bits and classes as a dense grid (varlen: b the sequence, rows and keys local to it; mask_grid.h).
   using ModClasses = common::MaskTileClasses<kBlockM, kBlockN>;
+  const AttnShape mod_grid = mask_bits_grid(params);
   auto step_class = [&](int step) {
-    return ModClasses::at(params, batch, step_head(step), step_m_block(step), tile.block);
+    return ModClasses::at(mod_grid, tile.seq.mod_batch, step_head(step), step_m_block(step), tile.block);
   };
   // The first step at or after `step` that has work (every step without a mask mod).
   auto next_step = [&](int step) {
@@ -276,8 +278,8 @@ __device__ void bwd_mainloop_sm80(const BwdParams& params, const common::BwdBand
     if constexpr (kMaskMod) {
       if (step_class(step) == common::kMaskTilePartial) {
         auto acc_s_rc = common::acc_rowcol_view(acc_s);
-        common::MaskBitsRows::of(params, batch, head).template apply<kBlockN>(acc_s_rc, score_coords, m_start,
-                                                                                n_start);
+        common::MaskBitsRows::of(mod_grid, tile.seq.mod_batch, head)
+            .template apply<kBlockN>(acc_s_rc, score_coords, m_start, n_start);
       }
     }
     Tensor rP = make_tensor<Element>(acc_s.layout());

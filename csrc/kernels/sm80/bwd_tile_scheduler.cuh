@@ -34,6 +34,7 @@ struct BwdSequence {
   int q_start = 0, k_start = 0;
   int seqlen_q = 0, seqlen_k = 0;  // used lengths: the band is bottom-right aligned on them (§2.3)
   int ws_start = 0;                // a multiple of kBwdVarlenRowBlock
+  int mod_batch = 0;               // a mask mod's b: the batch entry (dense) or the sequence (varlen, mask_grid.h)
 };
 
 __device__ __forceinline__ BwdSequence bwd_varlen_sequence(const AttnShape& shape, int seq) {
@@ -41,7 +42,7 @@ __device__ __forceinline__ BwdSequence bwd_varlen_sequence(const AttnShape& shap
   const common::VarlenRows k = common::varlen_rows(shape.cu_seqlens_k, shape.seqused_k, seq, shape.seqlen_k);
   const int ws_start =
       common::varlen_first_block<kBwdVarlenRowBlock>(shape.cu_seqlens_q, seq, shape.seqlen_q) * kBwdVarlenRowBlock;
-  return {0, q.start, k.start, q.used, k.used, ws_start};
+  return {0, q.start, k.start, q.used, k.used, ws_start, seq};
 }
 
 // A CTA's block of kBlock rows of one sequence, for one head (kv head in the main kernel, query head in the
@@ -68,8 +69,8 @@ struct BwdBlockScheduler {
   __device__ static BwdBlock block(const AttnShape& shape) {
     const int head = blockIdx.y;
     if (shape.cu_seqlens_q == nullptr) {
-      return {{static_cast<int>(blockIdx.z), 0, 0, shape.seqlen_q, shape.seqlen_k, 0}, head,
-              static_cast<int>(blockIdx.x)};
+      return {{static_cast<int>(blockIdx.z), 0, 0, shape.seqlen_q, shape.seqlen_k, 0, static_cast<int>(blockIdx.z)},
+              head, static_cast<int>(blockIdx.x)};
     }
     const common::VarlenBlock found =
         common::varlen_block<kBlock>(kKeys ? shape.cu_seqlens_k : shape.cu_seqlens_q, shape.num_seqs,

@@ -11,6 +11,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashjax/mask_grid.h"
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
@@ -29,7 +30,9 @@ namespace flashjax::sm80 {
 // kSoftcap, so that the kernel without a mask mod keeps its code and registers exactly (fwd_mainloop.cuh). Measured
 // (tools/check_compile.sh sm80 fwd bf16 128, sm_80): without a mod unchanged (255 registers, 172 / 216 and 168 / 208
 // bytes spilled, 112-byte stack); the mask twins 255 registers, 464 / 500 (uncapped) and 404 / 444 (capped) bytes
-// spilled, of which the loop over classes alone (the bits apply left out) costs 192 / 216 and 244 / 268.
+// spilled, of which the loop over classes alone (the bits apply left out) costs 192 / 216 and 244 / 268. With varlen
+// (the bits' padded grid and the cut, flashjax/mask_grid.h): 472 / 512 and 388 / 428, the twins without a mod
+// unchanged (SASS identical).
 template <typename Layouts, bool kSoftcap, bool kMaskMod>
 __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const __grid_constant__ FwdParams params) {
   using namespace cute;
@@ -40,7 +43,9 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const _
   extern __shared__ __align__(128) char smem_bytes[];
   Element* smem = reinterpret_cast<Element*>(smem_bytes);
 
-  const auto tile = FwdTileScheduler<kBlockM>::tile(params, blockIdx.x);
+  auto tile = FwdTileScheduler<kBlockM>::tile(params, blockIdx.x);
+  // Varlen with a mask mod: a sequence longer than the bits' padded grid is cut to it (mask_grid.h).
+  if constexpr (kMaskMod) cut_to_mask_grid(params, tile.seqlen_q, tile.seqlen_k);
   const int head_k = tile.head_q / (params.heads_q / params.heads_k);  // GQA: K/V are read in place, never expanded
   const int m_start = tile.m_block * kBlockM;
   // Varlen: a virtual block past its sequence's rows (fwd_tile_scheduler.cuh); its rows, if any, the launcher filled.
@@ -85,8 +90,10 @@ __global__ void __launch_bounds__(Layouts::kNThreads, 1) fwd_kernel_sm80(const _
   // A tile none of whose rows sees a key skips the loop (nothing is loaded): out = 0, lse = -inf / sink.
   FwdMaskModArgs mod;
   if constexpr (kMaskMod) {
-    mod.classes = common::MaskTileClasses<kBlockM, kBlockN>::row(params, tile.batch, tile.head_q, tile.m_block);
-    mod.bits = common::MaskBitsRows::of(params, tile.batch, tile.head_q);
+    // The bits and classes as a dense grid (varlen: b the sequence, rows and keys local to it; mask_grid.h).
+    const AttnShape grid = mask_bits_grid(params);
+    mod.classes = common::MaskTileClasses<kBlockM, kBlockN>::row(grid, tile.mod_batch, tile.head_q, tile.m_block);
+    mod.bits = common::MaskBitsRows::of(grid, tile.mod_batch, tile.head_q);
     mod.m_start = m_start;
   }
   if (!args.blocks.empty()) {

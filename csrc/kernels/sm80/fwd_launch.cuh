@@ -56,9 +56,10 @@ cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream) {
 
   // A mask mod: the tile classes for this kernel's tiles first (kernels/common/mask_bits_tiles.cuh), same stream.
   const bool mask_mod = params.mask_bits != nullptr;
+  // Varlen: the classes of the bits' padded grid, N sequences of max_seqlen_q x Wk * 32 (flashjax/mask_grid.h).
   if (mask_mod) {
-    if (params.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;  // varlen + mask mod runs on the reference
-    const cudaError_t err = common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(params, stream);
+    const cudaError_t err =
+        common::launch_mask_bits_tiles<Layouts::kBlockM, Layouts::kBlockN>(mask_bits_grid(params), stream);
     if (err != cudaSuccess) return err;
   }
   // Same condition as ScoreTransform::apply_softcap: the uncapped kernel runs only where capping is a no-op.

@@ -32,6 +32,7 @@ struct FwdTileScheduler {
     int m_block;  // >= 0; varlen: may lie past the sequence's rows (m_block * kBlockM >= seqlen_q: no work)
     int q_start, k_start;
     int seqlen_q, seqlen_k;
+    int mod_batch;  // a mask mod's b: the batch entry (dense) or the sequence (varlen, mask_grid.h)
   };
 
   // 0 when there is no work (Sq = 0, B = 0, N = 0 or Hq = 0): the launcher must skip the launch.
@@ -48,7 +49,7 @@ struct FwdTileScheduler {
     const int num_m_blocks = common::ceil_div(shape.seqlen_q, kBlockM);
     const int batch_head = cta / num_m_blocks;
     return {batch_head / shape.heads_q, batch_head % shape.heads_q, num_m_blocks - 1 - cta % num_m_blocks,
-            0, 0, shape.seqlen_q, shape.seqlen_k};
+            0, 0, shape.seqlen_q, shape.seqlen_k, batch_head / shape.heads_q};
   }
 
   __device__ static Tile varlen_tile(const AttnShape& shape, int cta) {
@@ -60,7 +61,7 @@ struct FwdTileScheduler {
     const common::VarlenRows k = common::varlen_rows(shape.cu_seqlens_k, shape.seqused_k, found.seq, shape.seqlen_k);
     // A block before the sequence's start (a not-from-zero or non-monotone array) has no work either.
     const int m_block = found.block >= 0 ? found.block : common::ceil_div(q.used, kBlockM);
-    return {0, cta / num_blocks, m_block, q.start, k.start, q.used, k.used};
+    return {0, cta / num_blocks, m_block, q.start, k.start, q.used, k.used, found.seq};
   }
 };
 
