@@ -80,9 +80,11 @@ VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tang
 
 # (family, direction) pairs whose kernels take a mask mod's bits (AttnShape::mask_bits: tile classes, empty tiles
 # skipped, the bits applied on partial ones); dispatch gives mask-mod calls only to these rows, the newest family among
-# them winning. The sm80 family takes them through its kMaskMod twins, the sm90 forward through a compile-time variant
-# that walks per-tile block lists (kernels/common/mask_block_lists.cuh). The sm90 backward joins once it reads them.
-MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fwd")}
+# them winning. The sm80 family takes them through its kMaskMod twins, the sm90 forward and backward through
+# compile-time variants that walk block lists (kernels/common/mask_block_lists.cuh: per query tile its KV blocks;
+# mask_query_block_lists.cuh: per key block its query blocks). deterministic=True with a mask mod has no kernel
+# (dispatch refuses it: the sm90 backward's ordered dq adds count the band's steps, which the lists skip).
+MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm90", "fwd"), ("sm90", "bwd")}
 
 # The small set CI builds on 2 cores: enough to compile every stage of every family once, and the sm80 backward's
 # 99 KB row at D 256, whose V-in-registers and 32-key code is compiled nowhere else. (Spec rows are (family,

@@ -99,10 +99,10 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
   // and tangent, the sm90 forward and backward; so on Hopper a varlen call's forward and backward are sm90's, its
   // tangent sm80's (dense tangents run on the sm90 tangent kernel there).
-  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward and
-  // backward, the sm90 forward; so on Hopper the forward is sm90's, the backward sm80's. Not with varlen (b would be
-  // the sequence, the indices sequence-local) nor in the tangent (jax.jvp of a mask-mod call evaluates the
-  // reference's tangent, primitives.py).
+  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 and sm90 forward
+  // and backward; so on Hopper both are sm90's. Not with varlen (b would be the sequence, the indices
+  // sequence-local), nor in the tangent (jax.jvp of a mask-mod call evaluates the reference's tangent,
+  // primitives.py), nor in the backward with deterministic=True (below).
   if (problem.mask_mod && problem.varlen) {
     choice.reason = "no kernel implements mask_mod with varlen (packed) attention yet (dense mask-mod calls run on "
                     "the kernels)";
@@ -112,6 +112,14 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // laid out per dense batch and query block, the sm80 backward adds with atomics); the call runs on the reference.
   if (problem.varlen && problem.deterministic && problem.direction == Direction::kBwd) {
     choice.reason = "deterministic=True: no backward kernel orders the dq partials of varlen (packed) attention yet";
+    return choice;
+  }
+  // deterministic=True with a mask mod: the sm90 backward orders its dq adds by counting the band's steps per query
+  // block (bwd_dq_order.cuh), and its mask-mod variant skips the mod's empty tiles, so the turns would never come;
+  // the sm80 backward adds with atomics. The call's backward runs on the reference.
+  if (problem.mask_mod && problem.deterministic && problem.direction == Direction::kBwd) {
+    choice.reason = "deterministic=True: no backward kernel orders the dq partials of a mask-mod call yet (the "
+                    "sm90 backward's ordered adds count the band's steps, which the mod's empty tiles skip)";
     return choice;
   }
   if (problem.mask_mod && problem.direction == Direction::kTangent) {
@@ -178,7 +186,7 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                          ? std::string(" (mask mod: the newest family whose ") + direction_name(problem.direction) +
                                " takes the mask bits on this sm_" + std::to_string(device_sm) +
                                " device, its tiles classified empty / full / partial; the sm90 family's forward "
-                               "does, its backward not yet)"
+                               "and backward walk per-tile block lists of the non-empty tiles)"
                      : problem.varlen
                          ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
                                " takes packed sequences on this sm_" + std::to_string(device_sm) +

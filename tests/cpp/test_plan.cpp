@@ -260,7 +260,7 @@ FamilyChoices fake_listing_fwd_choices(const AttnShape& shape, const ChoiceQuery
   FamilyChoices c = fake_fwd_choices(shape, query);
   c.num_splits = 1;
   c.pack_group = 1;
-  c.mask_block_lists = query.mask_mod;
+  c.mask_block_lists = query.mask_mod ? MaskBlockLists::kKeyBlocks : MaskBlockLists::kNone;
   return c;
 }
 
@@ -276,7 +276,7 @@ TEST_F(PlanCall, MaskModForwardsThatWalkListsCarryThemAheadOfTheClasses) {
   ASSERT_EQ(plan.fwd.workspace.size(), 1u);
   EXPECT_STREQ(plan.fwd.workspace[0].name, "mask_tile_classes");
   EXPECT_EQ(plan.fwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 4 * (8 + 2) + 8}));
-  const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 128, 64, true);
+  const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 128, 64, MaskBlockLists::kKeyBlocks);
   EXPECT_EQ(layout.list_bytes, 2 * 8 * 3 * (8 + 2) * 4);
   EXPECT_EQ(layout.bytes, 2 * 8 * 3 * (4 * (8 + 2) + 8));
   std::vector<uint8_t> workspace(layout.bytes);  // split as the FFI handler splits it: lists first, classes after
