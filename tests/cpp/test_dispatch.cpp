@@ -11,7 +11,7 @@ namespace {
 KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_bytes = 48 * 1024) {
   const bool sm90 = std::string_view(family) == "sm90";
   const bool varlen = !(sm90 && d == Direction::kTangent);
-  const bool mask_mod = d != Direction::kTangent && !(sm90 && d != Direction::kFwd);
+  const bool mask_mod = d != Direction::kTangent;
   return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
           varlen, mask_mod};
 }
@@ -228,18 +228,20 @@ TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
 }
 
 // Mask mods (issue 38) run on the rows marked mask_mod: the sm80 forward and backward on every device, the sm90
-// forward on Hopper (its backward does not take the bits yet); their tangent, varlen with a mask mod and the
-// deterministic backward (sm80 cannot order its dq sums) are refused with reasons.
+// forward and backward on Hopper; their tangent, varlen with a mask mod and the deterministic backward (sm80 cannot
+// order its dq sums, sm90's ordered adds count the band's steps, which the mask-mod lists skip) are refused with
+// reasons.
 TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
+  std::vector<KernelEntry> with_sm90_bwd = table;
+  with_sm90_bwd.push_back(entry("sm90", Direction::kBwd, DType::kBFloat16, 128));
   for (const Direction direction : {Direction::kFwd, Direction::kBwd}) {
     for (const int sm : {80, 86, 90}) {
       ProblemKey mask = key(direction, DType::kBFloat16, 128);
       mask.mask_mod = true;
-      const Choice c = choose_kernel(sm, archs, mask, table, /*smem_per_block_optin=*/0, /*explain=*/true);
+      const Choice c = choose_kernel(sm, archs, mask, with_sm90_bwd, /*smem_per_block_optin=*/0, /*explain=*/true);
       ASSERT_NE(c.kernel, nullptr) << c.reason;
-      const bool sm90_forward = sm == 90 && direction == Direction::kFwd;
-      EXPECT_STREQ(c.kernel->family, sm90_forward ? "sm90" : "sm80");
-      EXPECT_NE(c.reason.find("the sm90 family's forward does, its backward not yet"), std::string::npos)
+      EXPECT_STREQ(c.kernel->family, sm == 90 ? "sm90" : "sm80");
+      EXPECT_NE(c.reason.find("the sm90 family's forward and backward walk per-tile block lists"), std::string::npos)
           << c.reason;
     }
   }
@@ -265,11 +267,17 @@ TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   EXPECT_NE(no_varlen.reason.find("mask_mod with varlen"), std::string::npos) << no_varlen.reason;
   ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
   ordered.mask_mod = ordered.deterministic = true;
-  std::vector<KernelEntry> with_ordered = table;
+  std::vector<KernelEntry> with_ordered = with_sm90_bwd;  // the sm90 backward takes both flags, not together
   for (KernelEntry& e : with_ordered) e.deterministic = std::string_view(e.family) == "sm90";
   const Choice no_order = choose_kernel(90, archs, ordered, with_ordered);
   EXPECT_EQ(no_order.kernel, nullptr) << no_order.reason;
-  EXPECT_NE(no_order.reason.find("deterministic=True"), std::string::npos) << no_order.reason;
+  EXPECT_NE(no_order.reason.find("deterministic=True: no backward kernel orders the dq partials of a mask-mod call"),
+            std::string::npos)
+      << no_order.reason;
+  ordered.mask_mod = false;  // without the mod the same row orders them
+  const Choice dense_order = choose_kernel(90, archs, ordered, with_ordered);
+  ASSERT_NE(dense_order.kernel, nullptr) << dense_order.reason;
+  EXPECT_STREQ(dense_order.kernel->family, "sm90");
 }
 
 // The kernels' figures when this was written (python -m flashjax lists the built ones): the sm80 backward needs

@@ -140,7 +140,8 @@ TEST(MaskQueryBlockLists, NoQueryRowsGiveEmptyLists) {
 // writes (((b * Hm + h) * n_blocks + n) lists in), with the classes right after.
 TEST(MaskQueryBlockLists, AddressesMatchTheWorkspaceLayout) {
   constexpr int kB = 3, kH = 5, kSq = 300, kSk = 500;
-  const MaskTileClassesLayout layout = mask_tile_classes_layout(kB, kH, kSq, kSk, 64, 128, MaskBlockLists::kQueryBlocks);
+  const MaskTileClassesLayout layout =
+      mask_tile_classes_layout(kB, kH, kSq, kSk, 64, 128, MaskBlockLists::kQueryBlocks);
   ASSERT_EQ(layout.m_blocks, 5);
   ASSERT_EQ(layout.n_blocks, 4);
   EXPECT_EQ(layout.list_bytes, int64_t(kB) * kH * 4 * (5 + 2) * 4);
