@@ -34,8 +34,9 @@
 // A mask mod (kMaskMod, another compile-time variant; dense only, not with kVarlen): the steps of query head h are
 // the entries of its list for the CTA's key block (MaskModSteps::blocks, common/mask_query_block_lists.cuh) instead
 // of the band's whole range, so the mod's empty tiles are never loaded; on the steps the list flags partial, the
-// MMA warpgroups set S^T to -inf where the mod's bit is 0 (after the band's own mask), which makes P^T and dS^T 0
-// there; full tiles run the band's code alone. A row that sees no key at all has lse = -inf, which the preprocess
+// MMA warpgroups load their bits while the S^T and dP^T GEMMs run (one packed word per thread) and set S^T to -inf
+// where the mod's bit is 0 (after the band's own mask), which makes P^T and dS^T 0 there; full tiles run the band's
+// code alone. A row that sees no key at all has lse = -inf, which the preprocess
 // turns into lse_log2 = +inf, so its P is 0 on every tile and its gradients are 0, not NaN. The dQ writer and the
 // producer walk the same lists, step for step.
 #pragma once
@@ -593,6 +594,11 @@ struct BwdMainloopSm90 {
         common::wgmma_gemm</*kZeroInit=*/true, /*kWaitGroups=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         pipeline_do.consumer_wait(read);
         common::wgmma_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        // A partial tile of the mask mod: the thread's bits, loaded while the GEMMs run (applied after the band's).
+        [[maybe_unused]] uint32_t keep = ~0u;
+        if constexpr (kMaskMod) {
+          if (blocks.partial(t)) keep = steps.bits_of(h).keep_transposed(coords_rc, m_start, n_start);
+        }
         warpgroup_wait<1>();  // S^T is complete; dP^T may still run
         warpgroup_fence_operand(acc_s);
 
@@ -609,9 +615,7 @@ struct BwdMainloopSm90 {
           mask.apply_transposed(s_rc, coords_rc, m_start, n_start);
         }
         if constexpr (kMaskMod) {  // the mod's bits on partial tiles, after the band (full tiles: the band alone)
-          if (blocks.partial(t)) {
-            steps.bits_of(h).apply_transposed(s_rc, coords_rc, m_start, n_start);
-          }
+          if (blocks.partial(t)) common::MaskBitsRows::apply_keep(s_rc, keep);
         }
         // P^T = exp2(s * scale log2e - LSE log2e); each thread's columns are queries, 2 keys per column.
         const float* lse_log2 = tensors.lse_log2.data() + stage * kBlockM;
