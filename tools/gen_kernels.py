@@ -83,11 +83,13 @@ VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tang
 
 # (family, direction) pairs whose kernels take a mask mod's bits (AttnShape::mask_bits: tile classes, empty tiles
 # skipped, the bits applied on partial ones); dispatch gives mask-mod calls only to these rows, the newest family among
-# them winning. The sm80 family takes them through its kMaskMod twins, the sm90 forward and tangent through
-# compile-time variants that walk per-tile block lists (kernels/common/mask_block_lists.cuh). The sm90 backward joins
-# once it reads them.
+# them winning. The sm80 family takes them through its kMaskMod twins, the sm90 forward, backward and tangent through
+# compile-time variants that walk block lists (kernels/common/mask_block_lists.cuh: per query tile its KV blocks, the
+# forward and tangent; mask_query_block_lists.cuh: per key block its query blocks, the backward). deterministic=True
+# with a mask mod has no kernel (dispatch refuses it: the sm90 backward's ordered dq adds count the band's steps,
+# which the lists skip).
 MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd"),
-                                  ("sm90", "tangent")}
+                                  ("sm90", "bwd"), ("sm90", "tangent")}
 # Rows of those pairs that take no mask bits, as (family, direction, head dim, budget): the bits are 32-key words
 # read whole per key step, and the sm80 tangent's 99 KB D 256 row steps over 16 keys (its launcher refuses bits).
 # A mask-mod tangent at D 256 on a 99 KB device therefore runs the reference's tangent.

@@ -102,11 +102,11 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   // Varlen runs on the rows that take packed sequences (KernelEntry::varlen): the sm80 family's forward, backward
   // and tangent, the sm90 forward and backward; so on Hopper a varlen call's forward and backward are sm90's, its
   // tangent sm80's (dense tangents run on the sm90 tangent kernel there).
-  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 forward, backward
-  // and tangent, the sm90 forward and tangent; so on Hopper the forward and the tangent are sm90's, the backward
-  // sm80's. Varlen with a mask mod (b the sequence, indices sequence-local, the bits over the padded sequences) runs on
-  // the rows that take the two together (KernelEntry::varlen_mask_mod: the sm80 forward and backward, on every GPU);
-  // not in the tangent.
+  // Mask mods (issue 38) run on the rows that take the mask bits (KernelEntry::mask_mod): the sm80 and sm90 forward,
+  // backward and tangent; so on Hopper all three are sm90's. Varlen with a mask mod (b the sequence, indices
+  // sequence-local, the bits over the padded sequences) runs on the rows that take the two together
+  // (KernelEntry::varlen_mask_mod: the sm80 forward and backward, on every GPU); not in the tangent, nor in the
+  // fused jvp, nor in the backward with deterministic=True (below).
   if (problem.mask_mod && problem.varlen && problem.direction == Direction::kTangent) {
     choice.reason = "no tangent kernel implements mask_mod with varlen (packed) attention yet (jax.jvp of such a "
                     "call evaluates the reference's tangent)";
@@ -121,6 +121,14 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
   if (problem.mask_mod && problem.direction == Direction::kJvp) {
     choice.reason = "the fused jvp kernel does not take mask_mod (jax.jvp of a mask-mod call runs the forward and "
                     "the tangent kernel, which do)";
+    return choice;
+  }
+  // deterministic=True with a mask mod: the sm90 backward orders its dq adds by counting the band's steps per query
+  // block (bwd_dq_order.cuh), and its mask-mod variant skips the mod's empty tiles, so the turns would never come;
+  // the sm80 backward adds with atomics. The call's backward runs on the reference.
+  if (problem.mask_mod && problem.deterministic && problem.direction == Direction::kBwd) {
+    choice.reason = "deterministic=True: no backward kernel orders the dq partials of a mask-mod call yet (the "
+                    "sm90 backward's ordered adds count the band's steps, which the mod's empty tiles skip)";
     return choice;
   }
   bool code_for_device = false;
@@ -187,8 +195,8 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                      : problem.mask_mod
                          ? std::string(" (mask mod: the newest family whose ") + direction_name(problem.direction) +
                                " takes the mask bits on this sm_" + std::to_string(device_sm) +
-                               " device, its tiles classified empty / full / partial; the sm90 family's forward "
-                               "and tangent do, its backward not yet)"
+                               " device, its tiles classified empty / full / partial; the sm90 family's forward, "
+                               "backward and tangent walk per-tile block lists of the non-empty tiles)"
                      : problem.varlen
                          ? std::string(" (varlen: the newest family whose ") + direction_name(problem.direction) +
                                " takes packed sequences on this sm_" + std::to_string(device_sm) +

@@ -40,9 +40,13 @@ std::vector<WorkspaceBuffer> workspace_of(Direction direction, const AttnShape& 
   const MaskTileClassesLayout classes =
       mask_tile_classes_layout(shape.batch, shape.heads_q, grid_rows, grid_keys, choices.block_m, choices.block_n,
                                choices.mask_block_lists);
-  const WorkspaceBuffer classes_buffer = {"mask_tile_classes",
-                                          {shape.batch, shape.heads_q, classes.m_blocks, classes.row_bytes()},
-                                          "uint8"};
+  // Per-key-block lists do not come in rows per m-block: that buffer is [B, Hq, bytes per head].
+  const WorkspaceBuffer classes_buffer = {
+      "mask_tile_classes",
+      choices.mask_block_lists == MaskBlockLists::kQueryBlocks
+          ? std::vector<int64_t>{shape.batch, shape.heads_q, classes.head_bytes()}
+          : std::vector<int64_t>{shape.batch, shape.heads_q, classes.m_blocks, classes.row_bytes()},
+      "uint8"};
   if (direction == Direction::kTangent) return {classes_buffer};  // a mask mod's, for the tangent's own tiles
   if (direction == Direction::kFwd) {
     if (mask_mod) return {classes_buffer};  // mask-mod forwards never split

@@ -13,7 +13,7 @@ KernelEntry entry(const char* family, Direction d, DType t, int hdim, int smem_b
   const bool sm90 = std::string_view(family) == "sm90";
   const bool tangent = d == Direction::kTangent || d == Direction::kJvp;
   const bool varlen = !(sm90 && tangent);
-  const bool mask_mod = d != Direction::kJvp && !(sm90 && d == Direction::kBwd);
+  const bool mask_mod = d != Direction::kJvp;
   const bool varlen_mask_mod = !sm90 && !tangent;
   return {family, d,       t, hdim, /*arch_specific=*/sm90, smem_bytes, nullptr, nullptr, /*deterministic=*/false,
           varlen, mask_mod, varlen_mask_mod};
@@ -231,22 +231,24 @@ TEST_F(ChooseKernel, VarlenTakesTheRowsThatTakePackedSequences) {
 }
 
 // Mask mods (issue 38) run on the rows marked mask_mod: the sm80 forward, backward and tangent on every device, the
-// sm90 forward and tangent on Hopper (its backward does not take the bits yet); varlen with a mask mod and the
-// deterministic backward (sm80 cannot order its dq sums) are refused with reasons.
+// sm90 forward, backward and tangent on Hopper; varlen with a mask mod (sm80 only), the fused jvp and the deterministic
+// backward (sm80 cannot order its dq sums, sm90's ordered adds count the band's steps, which the mask-mod lists skip)
+// are refused with reasons.
 TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   std::vector<KernelEntry> rows = table;
   rows.push_back(entry("sm80", Direction::kTangent, DType::kBFloat16, 128));
   rows.push_back(entry("sm90", Direction::kTangent, DType::kBFloat16, 128));
+  rows.push_back(entry("sm90", Direction::kBwd, DType::kBFloat16, 128));
   for (const Direction direction : {Direction::kFwd, Direction::kBwd, Direction::kTangent}) {
     for (const int sm : {80, 86, 90}) {
       ProblemKey mask = key(direction, DType::kBFloat16, 128);
       mask.mask_mod = true;
       const Choice c = choose_kernel(sm, archs, mask, rows, /*smem_per_block_optin=*/0, /*explain=*/true);
       ASSERT_NE(c.kernel, nullptr) << c.reason;
-      const bool sm90_row = sm == 90 && direction != Direction::kBwd;
-      EXPECT_STREQ(c.kernel->family, sm90_row ? "sm90" : "sm80");
+      EXPECT_STREQ(c.kernel->family, sm == 90 ? "sm90" : "sm80");
       EXPECT_EQ(c.kernel->direction, direction);
-      EXPECT_NE(c.reason.find("the sm90 family's forward and tangent do, its backward not yet"), std::string::npos)
+      EXPECT_NE(c.reason.find("the sm90 family's forward, backward and tangent walk per-tile block lists"),
+                std::string::npos)
           << c.reason;
     }
   }
@@ -295,11 +297,17 @@ TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   EXPECT_NE(no_varlen_tangent.reason.find("mask_mod with varlen"), std::string::npos) << no_varlen_tangent.reason;
   ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
   ordered.mask_mod = ordered.deterministic = true;
-  std::vector<KernelEntry> with_ordered = table;
+  std::vector<KernelEntry> with_ordered = with_sm90_bwd;  // the sm90 backward takes both flags, not together
   for (KernelEntry& e : with_ordered) e.deterministic = std::string_view(e.family) == "sm90";
   const Choice no_order = choose_kernel(90, archs, ordered, with_ordered);
   EXPECT_EQ(no_order.kernel, nullptr) << no_order.reason;
-  EXPECT_NE(no_order.reason.find("deterministic=True"), std::string::npos) << no_order.reason;
+  EXPECT_NE(no_order.reason.find("deterministic=True: no backward kernel orders the dq partials of a mask-mod call"),
+            std::string::npos)
+      << no_order.reason;
+  ordered.mask_mod = false;  // without the mod the same row orders them
+  const Choice dense_order = choose_kernel(90, archs, ordered, with_ordered);
+  ASSERT_NE(dense_order.kernel, nullptr) << dense_order.reason;
+  EXPECT_STREQ(dense_order.kernel->family, "sm90");
 }
 
 // The kernels' figures when this was written (python -m flashjax lists the built ones): the sm80 backward needs

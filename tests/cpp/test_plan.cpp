@@ -316,7 +316,7 @@ FamilyChoices fake_listing_fwd_choices(const AttnShape& shape, const ChoiceQuery
   FamilyChoices c = fake_fwd_choices(shape, query);
   c.num_splits = 1;
   c.pack_group = 1;
-  c.mask_block_lists = query.mask_mod;
+  c.mask_block_lists = query.mask_mod ? MaskBlockLists::kKeyBlocks : MaskBlockLists::kNone;
   return c;
 }
 
@@ -332,7 +332,7 @@ TEST_F(PlanCall, MaskModForwardsThatWalkListsCarryThemAheadOfTheClasses) {
   ASSERT_EQ(plan.fwd.workspace.size(), 1u);
   EXPECT_STREQ(plan.fwd.workspace[0].name, "mask_tile_classes");
   EXPECT_EQ(plan.fwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 4 * (8 + 2) + 8}));
-  const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 128, 64, true);
+  const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 128, 64, MaskBlockLists::kKeyBlocks);
   EXPECT_EQ(layout.list_bytes, 2 * 8 * 3 * (8 + 2) * 4);
   EXPECT_EQ(layout.bytes, 2 * 8 * 3 * (4 * (8 + 2) + 8));
   std::vector<uint8_t> workspace(layout.bytes);  // split as the FFI handler splits it: lists first, classes after
@@ -364,6 +364,43 @@ TEST_F(PlanCall, MaskModTangentsCarryTheirOwnTilesWorkspace) {
   EXPECT_EQ(plan.tangent.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 4 * (8 + 2) + 8}));
   p.mask_mod = false;
   EXPECT_TRUE(plan_call(p, device(80, 0), table, archs).tangent.workspace.empty());
+}
+
+// A backward that walks per-key-block lists of query blocks (the sm90 one): the lists int32 [B, Hq, n-blocks,
+// m-blocks + 2] first, the classes after, in one uint8 buffer [B, Hq, bytes per (b, h)] (the lists do not come in
+// rows per m-block), last after the f32 buffers; split as the FFI handler and the sanitizer driver split it.
+FamilyChoices fake_listing_bwd_choices(const AttnShape& shape, const ChoiceQuery& query) {
+  FamilyChoices c = fake_bwd_choices(shape, query);
+  c.mask_block_lists = query.mask_mod ? MaskBlockLists::kQueryBlocks : MaskBlockLists::kNone;
+  return c;
+}
+
+TEST_F(PlanCall, MaskModBackwardsThatWalkQueryBlockListsCarryThemAheadOfTheClasses) {
+  for (KernelEntry& e : table) {
+    if (e.direction == Direction::kBwd) e.choices = fake_listing_bwd_choices;
+  }
+  Problem p = problem();
+  p.mask_mod = true;
+  const Plan plan = plan_call(p, device(80, 0), table, archs);
+  ASSERT_TRUE(plan.runs()) << plan.reason;
+  ASSERT_EQ(plan.bwd.workspace.size(), 4u);
+  EXPECT_STREQ(plan.bwd.workspace[3].name, "mask_tile_classes");
+  EXPECT_STREQ(plan.bwd.workspace[3].dtype, "uint8");
+  // 64 x 128 tiles: m-blocks ceil(300 / 64) = 5, n-blocks ceil(500 / 128) = 4.
+  EXPECT_EQ(plan.bwd.workspace[3].shape, (std::vector<int64_t>{2, 8, 4 * 4 * (5 + 2) + 5 * 4}));
+  const MaskTileClassesLayout layout = mask_tile_classes_layout(2, 8, 300, 500, 64, 128, MaskBlockLists::kQueryBlocks);
+  EXPECT_EQ(layout.list_bytes, 2 * 8 * 4 * (5 + 2) * 4);
+  EXPECT_EQ(layout.bytes, 2 * 8 * (4 * 4 * (5 + 2) + 5 * 4));
+  std::vector<uint8_t> workspace(layout.bytes);
+  EXPECT_EQ(layout.block_lists(workspace.data()), reinterpret_cast<int32_t*>(workspace.data()));
+  EXPECT_EQ(layout.tile_classes(workspace.data()), workspace.data() + layout.list_bytes);
+  // Sq = 0: no classes, but a (count 0) list per key block, which the kernel reads.
+  const MaskTileClassesLayout no_rows = mask_tile_classes_layout(2, 8, 0, 500, 64, 128, MaskBlockLists::kQueryBlocks);
+  EXPECT_EQ(no_rows.list_bytes, 2 * 8 * 4 * 2 * 4);
+  EXPECT_EQ(no_rows.bytes, no_rows.list_bytes);
+  EXPECT_NE(no_rows.block_lists(workspace.data()), nullptr);
+  // The forward's passes keep their own layout (rows per m-block).
+  EXPECT_EQ(plan.fwd.workspace[0].shape, (std::vector<int64_t>{2, 8, 3, 8}));
 }
 
 }  // namespace flashjax

@@ -91,9 +91,10 @@ def test_the_plan_answers_with_reasons():
 
 
 def test_mask_mods_take_the_newest_family_that_reads_the_bits():
-    # Mask mods (issue 38): the rows marked mask_mod (on Hopper the sm90 forward, the sm80 backward; the sm80 family
-    # both ways elsewhere). The sm90 forward's workspace holds its block lists ahead of the classes: rows of
-    # 4 (n_blocks + 2) + n_blocks bytes for its 128 x 128 tiles at D 64.
+    # Mask mods (issue 38): the rows marked mask_mod (on Hopper the sm90 family both ways, the sm80 family both ways
+    # elsewhere). The sm90 forward's workspace holds its block lists ahead of the classes: rows of
+    # 4 (n_blocks + 2) + n_blocks bytes for its 128 x 128 tiles at D 64. The sm90 backward's holds per key block
+    # its query blocks: for its 64 x 128 tiles (5 x 4 at Sq 300, Sk 500) 4 * 4 (5 + 2) + 5 * 4 bytes per (b, h).
     info = _ffi.build_info()
     sm = 90 if any(a.startswith("90") for a in info["cuda_archs"]) else 80
     plan = _plan(sm, mask_mod=True, seqlen_q=300, seqlen_k=500)
@@ -104,7 +105,16 @@ def test_mask_mods_take_the_newest_family_that_reads_the_bits():
         assert plan[direction]["family"] == expected, plan[direction]
         if expected is not None:
             assert "mask mod" in plan[direction]["reason"], plan[direction]["reason"]
-    assert not any(k.get("mask_mod") for k in info["kernels"] if k["family"] == "sm90" and k["direction"] == "bwd")
+    assert all(k.get("mask_mod") for k in info["kernels"] if k["family"] == "sm90" and k["direction"] == "bwd")
+    if plan["bwd"]["family"] == "sm90":
+        bwd = plan["bwd"]
+        assert (bwd["block_m"], bwd["block_n"]) == (64, 128), bwd
+        assert bwd["workspace"][-1]["name"] == "mask_tile_classes", bwd["workspace"]
+        assert bwd["workspace"][-1]["shape"] == [2, 8, 4 * 4 * (5 + 2) + 5 * 4], bwd["workspace"]
+    # deterministic=True with a mask mod: no backward orders its dq adds; the forward still runs on a kernel.
+    ordered = _plan(sm, mask_mod=True, deterministic=True, seqlen_q=300, seqlen_k=500)
+    assert ordered["bwd"]["family"] is None and "deterministic=True" in ordered["bwd"]["reason"], ordered["bwd"]
+    assert ordered["fwd"]["family"] == plan["fwd"]["family"], ordered["fwd"]
     if plan["fwd"]["family"] == "sm90":
         fwd = plan["fwd"]
         assert (fwd["block_m"], fwd["block_n"], fwd["pack_group"], fwd["num_splits"]) == (128, 128, 1, 1), fwd

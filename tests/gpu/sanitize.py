@@ -1,5 +1,6 @@
 """A short kernel run through JAX for compute-sanitizer's memcheck: fixed ragged configs, forward and backward, the
-tangent (jax.jvp) of each, and varlen forwards and backwards with well-formed and malformed offsets.
+tangent (jax.jvp) of each, varlen forwards and backwards with well-formed and malformed offsets, and mask-mod forwards
+and backwards with per-head bits (through the flashjax_*_mask_mod targets and their tile-class / block-list workspace).
 
 Run as: compute-sanitizer --tool memcheck --kernel-name kns=flashjax python tests/gpu/sanitize.py
 racecheck crashes on a JAX process; it and synccheck (and memcheck again) run on tests/sanitize's C++ driver,
@@ -94,8 +95,57 @@ def run_tangents():
     return failures
 
 
+# Mask mods (issue 38): (B, Sq, Sk, Hq, Hk, D, causal). Per-head bits under GQA, so that the sm90 backward's CTAs
+# walk different query-block lists per head (some empty: head 0 sees no key), at both of its CTA shapes.
+MASK_MODS = [
+    (2, 300, 517, 8, 2, 64, True),
+    (1, 517, 300, 4, 2, 256, False),
+    (2, 1, 700, 6, 3, 128, False),
+]
+
+
+def run_mask_mods():
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    import flashjax
+    from flashjax.masks import MaskMod
+
+    @dataclasses.dataclass(frozen=True)
+    class HeadWindows(MaskMod):
+        """Head 0 sees no key; head h > 0 the keys within 50 h of the query position."""
+
+        def __call__(self, b, h, q_idx, kv_idx):
+            return (h > 0) & (kv_idx <= q_idx + 50 * h) & (kv_idx + 50 * h >= q_idx)
+
+    failures = 0
+    for i, (b, sq, sk, hq, hk, d, causal) in enumerate(MASK_MODS):
+        rng = np.random.default_rng(300 + i)
+        q = jnp.asarray(rng.standard_normal((b, sq, hq, d)), jnp.bfloat16)
+        k, v = (jnp.asarray(rng.standard_normal((b, sk, hk, d)), jnp.bfloat16) for _ in range(2))
+        d_out = jnp.asarray(rng.standard_normal((b, sq, hq, d)), jnp.bfloat16)
+
+        def call(backend, q, k, v):
+            fn = lambda q, k, v: flashjax.flash_attn(q, k, v, causal=causal, mask_mod=HeadWindows(), backend=backend)
+            out, vjp = jax.vjp(fn, q, k, v)
+            return (out, *vjp(d_out.astype(out.dtype)))
+
+        kernel = jax.jit(lambda q, k, v: call("kernel", q, k, v))(q, k, v)
+        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+        reference = jax.jit(lambda q, k, v: call("reference", q, k, v))(*f32)
+        finite = all(bool(np.all(np.isfinite(np.asarray(x, np.float32)))) for x in kernel)
+        errors = [sweep.rel_err(a, r) for a, r in zip(kernel, reference)]
+        ok = finite and max(errors) < 2e-2
+        print(f"mask mod B{b} Sq{sq} Sk{sk} H{hq}/{hk} D{d} causal={causal}: "
+              f"{'ok' if ok else f'finite {finite}, errors {errors}'}")
+        failures += not ok
+    return failures
+
+
 def main():
-    failures = run_varlen() + run_tangents()
+    failures = run_varlen() + run_tangents() + run_mask_mods()
     for i, cfg in enumerate(CONFIGS):
         rng = np.random.default_rng(i)
         inputs = sweep.make_inputs(cfg, rng)

@@ -1,9 +1,8 @@
-"""Mask mods on the kernels (issue 38): the sm80 forward and backward with a mod's packed bits, against the reference
-(docs/design.md §5's tolerances) on fresh random data, for the built-in masks and custom ones, every dtype, several
-widths (an odd one included), GQA, Sq != Sk both ways, lengths that are not a multiple of any tile, the band ANDed,
-softcap, sinks, rows with no visible key, bits broadcast over batch / heads and per head; explain names the family.
-Forward mode (jax.jvp of a mask-mod call, on the tangent kernels): test_mask_mod_jvp.py.
-FLASHJAX_MASK_SEED replays one run (the seed is printed)."""
+"""Mask mods on the kernels (issue 38): the sm80 and sm90 forward and backward with a mod's packed bits, against the
+reference (docs/design.md §5's tolerances) on fresh random data, for the built-in masks and custom ones, every dtype,
+several widths (an odd one included), GQA, Sq != Sk both ways, lengths that are not a multiple of any tile, the band
+ANDed, softcap, sinks, rows with no visible key, bits broadcast over batch / heads and per head, heads whose tiles
+are all empty; explain names the family. FLASHJAX_MASK_SEED replays one run (the seed is printed)."""
 import dataclasses
 import os
 import pathlib
@@ -51,6 +50,18 @@ class HeadStripes(MaskMod):
         return ((kv_idx // 16) % (h + 2) != 0) & (kv_idx <= q_idx + self.reach[b, h])
 
 
+@dataclasses.dataclass(frozen=True)
+class SomeHeadsBlind(MaskMod):
+    """Query heads below `blind` see no key at all, the others a band of half-width 40 (h + 1) around the diagonal:
+    per-head bits whose tiles are empty for some heads only; with GQA a KV head whose whole group is blind gets no
+    gradient (the sm90 backward's CTAs there find every list empty)."""
+
+    blind: int = static()
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return (h >= self.blind) & (kv_idx <= q_idx + 40 * (h + 1)) & (kv_idx + 40 * (h + 1) >= q_idx)
+
+
 def _doc_ids(rng, rows, length, docs):
     """int32 [rows, length]: each row cut into `docs` documents at random points of its own."""
     ids = np.zeros((rows, length), np.int32)
@@ -74,6 +85,7 @@ MODS = {
                                                               window=int(rng.integers(4, 90))),
     "per_head": lambda rng, b, h, s: HeadStripes(jnp.asarray(rng.integers(-30, 60, (b, h)), jnp.int32)),
     "rows_without_keys": lambda rng, b, h, s: RowsWithoutKeys(period=7, phase=int(rng.integers(0, 7))),
+    "some_heads_blind": lambda rng, b, h, s: SomeHeadsBlind(blind=max(1, h // 2)),
 }
 
 
@@ -153,6 +165,43 @@ def test_mod_with_features_matches_reference(mod_name, feature):
     _assert_matches(FEATURES[feature], mod_name, 50_000 + 100 * feature + sorted(MODS).index(mod_name))
 
 
+# The sm90 backward's per-key-block lists (issue 38): per-head bits under GQA, so that the heads of one CTA's group
+# walk different lists (some empty), Sq != Sk both ways, lengths no tile divides, the band ANDed, each width's tiles
+# (D 64 / 128: 128-key CTAs; 192 / 256: 64-key CTAs). On Hopper explain must name the sm90 backward (the sm80 one
+# where FLASHJAX_DISABLE_FAMILIES=sm90).
+LIST_SHAPES = [
+    _cfg(head_dim=64, seqlen_q=300, seqlen_k=517, heads_q=8, heads_k=2),
+    _cfg(head_dim=128, seqlen_q=517, seqlen_k=190, heads_q=8, heads_k=2, causal=True),
+    _cfg(dtype="float16", head_dim=256, seqlen_q=333, seqlen_k=611, heads_q=4, heads_k=2, window_size=(100, 20)),
+    _cfg(head_dim=192, seqlen_q=130, seqlen_k=257, heads_q=6, heads_k=3, softcap=5.0, sinks=True),
+    _cfg(head_dim=128, seqlen_q=1, seqlen_k=700, heads_q=8, heads_k=2),
+]
+
+
+@pytest.mark.parametrize("shape", range(len(LIST_SHAPES)))
+@pytest.mark.parametrize("mod_name", ["per_head", "some_heads_blind", "document"])
+def test_per_head_lists_of_the_backward_match_reference(mod_name, shape):
+    cfg = LIST_SHAPES[shape]
+    mod, (out, lse, grads), _ = _assert_matches(cfg, mod_name, 70_000 + 100 * shape + sorted(MODS).index(mod_name))
+    dtype = jnp.dtype(cfg.dtype)
+    q = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_q, cfg.heads_q, cfg.head_dim), dtype)
+    k = jax.ShapeDtypeStruct((cfg.batch, cfg.seqlen_k, cfg.heads_k, cfg.head_dim), dtype)
+    text = flashjax.explain(q, k, k, causal=cfg.causal, window_size=cfg.window_size, softcap=cfg.softcap,
+                            mask_mod=mod)
+    if _sm90_mask_mod("bwd", cfg.head_dim):
+        assert "backward: sm90 backward kernel" in text, text
+    elif _on_hopper() and "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(","):
+        assert "backward: sm80 backward kernel" in text, text
+    if mod_name == "some_heads_blind":  # blind heads: no gradient into q; KV heads whose group is all blind: none
+        group = cfg.heads_q // cfg.heads_k
+        dq, dk, dv = (np.asarray(g, np.float32) for g in grads[:3])
+        assert np.all(dq[:, :, :mod.blind] == 0)
+        assert np.all(dk[:, :, :mod.blind // group] == 0) and np.all(dv[:, :, :mod.blind // group] == 0)
+        assert np.any(dk[:, :, mod.blind // group:] != 0)
+        for g in (dq, dk, dv):
+            assert np.all(np.isfinite(g))
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_rows_without_keys_give_zeros_and_no_nan(dtype):
     cfg = _cfg(dtype=dtype, sinks=False)
@@ -173,28 +222,49 @@ def test_bits_layouts_are_the_contracts():
     assert shapes == {"causal": (1, 1), "document": (2, 1), "per_head": (2, 4)}
 
 
-def _sm90_mask_mod_forward():
-    """Whether dispatch gives mask-mod forwards to the sm90 family here: an sm90 device, the build's bf16 D 128 sm90
-    forward marked mask_mod, and the family not switched off (the sm80 mode)."""
+def _sm90_mask_mod(direction, head_dim=128):
+    """Whether dispatch gives mask-mod calls of this direction to the sm90 family here: an sm90 device, the build's
+    bf16 sm90 row of that width marked mask_mod, and the family not switched off (the sm80 mode)."""
     device = flashjax._ffi.default_device()
     if device is None or device[0] != 90 or "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(","):
         return False
-    return any(row["family"] == "sm90" and row["direction"] == "fwd" and row["dtype"] == "bf16" and
-               row["head_dim"] == 128 and row.get("mask_mod") for row in flashjax._ffi.build_info().get("kernels", []))
+    return any(row["family"] == "sm90" and row["direction"] == direction and row["dtype"] == "bf16" and
+               row["head_dim"] == head_dim and row.get("mask_mod")
+               for row in flashjax._ffi.build_info().get("kernels", []))
+
+
+def _on_hopper():
+    device = flashjax._ffi.default_device()
+    return device is not None and device[0] == 90
 
 
 def test_explain_names_the_mask_mod_families():
     q = jax.ShapeDtypeStruct((2, 512, 8, 128), jnp.bfloat16)
     k = jax.ShapeDtypeStruct((2, 512, 2, 128), jnp.bfloat16)
     text = flashjax.explain(q, k, k, causal=True, mask_mod=flashjax.causal_mask())
-    family = "sm90" if _sm90_mask_mod_forward() else "sm80"
+    family = "sm90" if _sm90_mask_mod("fwd") else "sm80"
     forward = text.split("backward: ", 1)[0]
     assert f": kernel ({family} forward kernel" in forward and "mask mod" in forward, text
     if family == "sm90":  # its own tiles, each walking a block list; unpacked, unsplit
         assert "the mask-mod kernel's" in forward and "GQA packed" not in forward, text
-    assert "backward: sm80 backward kernel" in text, text
+    backward_family = "sm90" if _sm90_mask_mod("bwd") else "sm80"
+    assert f"backward: {backward_family} backward kernel" in text, text
+    if backward_family == "sm90":  # each key block walks its list of query blocks
+        assert "each key block walks its list of query blocks" in text, text
+    # On Hopper a build with the sm90 backward's row takes mask mods there (the row must be marked mask_mod), unless
+    # the sm80 mode switched that family off.
+    has_row = any(row["family"] == "sm90" and row["direction"] == "bwd" and row["dtype"] == "bf16" and
+                  row["head_dim"] == 128 for row in flashjax._ffi.build_info().get("kernels", []))
+    if _on_hopper() and has_row:
+        disabled = "sm90" in os.environ.get("FLASHJAX_DISABLE_FAMILIES", "").split(",")
+        assert backward_family == ("sm80" if disabled else "sm90"), text
     # The tangent's kernel (test_mask_mod_jvp.py checks its family and its results).
     assert re.search(r"tangent \(jax\.jvp\): sm(80|90) tangent kernel", text), text
+    # deterministic=True: no backward orders a mask-mod call's dq adds, so the call runs on the reference (the kernels
+    # run a call only where both passes have one), saying why.
+    ordered = flashjax.explain(q, k, k, causal=True, mask_mod=flashjax.causal_mask(), deterministic=True)
+    assert "deterministic=True: no backward kernel orders the dq partials of a mask-mod call" in ordered, ordered
+    assert "sm90 backward kernel" not in ordered and "sm80 backward kernel" not in ordered, ordered
 
 
 def test_a_mod_the_kernels_cannot_compile_falls_back_or_raises():

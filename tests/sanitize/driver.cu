@@ -65,7 +65,7 @@ struct Config {
   int head_dim = 0;  // the variant to run: 0 takes the configs' rotation over the variants, else this head dim's first
   int num_splits = 1;  // > 1: the forward splits keys into this many parts (sm90; other families ignore it)
   bool deterministic = false;  // the backward orders its dq adds (runs where the variant's backward can)
-  // A mask mod's bits (issue 38; the sm80 family's mask-mod kernels): none, or random bits [Bm, Hm, Sq, Wk] shared by
+  // A mask mod's bits (issue 38; the mask-mod kernels dispatch picks): none, or random bits [Bm, Hm, Sq, Wk] shared by
   // every batch entry and head, per batch (Bm = B), or per batch and query head (Bm = B, Hm = Hq).
   enum MaskBits { kNoMask, kMaskShared, kMaskPerBatch, kMaskPerHead } mask = kNoMask;
 };
@@ -124,6 +124,14 @@ const Config kConfigs[] = {
      256, 1, false, Config::kMaskPerHead},
     {2, 390, 270, 4, 1, -1, 0, true, 30.f, false, "mask bits per batch, tangent D 128: causal Sq > Sk, softcap 30",
      128, 1, false, Config::kMaskPerBatch},
+    // The sm90 backward's mask-mod variant at both CTA shapes (128 keys at D 64 / 128, 64 keys at D 192 / 256):
+    // per-head bits under GQA, so the heads of a CTA's group walk different query-block lists, some empty.
+    {2, 300, 517, 8, 2, -1, 0, false, 0.f, true, "mask bits per head, causal Sq < Sk, GQA 8/2, D 64, dlse", 64, 1,
+     false, Config::kMaskPerHead},
+    {1, 517, 300, 4, 2, 100, 20, true, 5.f, false, "mask bits per head, window (100, 20), softcap 5, sinks, D 256", 256,
+     1, false, Config::kMaskPerHead},
+    {2, 130, 257, 6, 3, -1, -1, false, 0.f, true, "mask bits per batch, Sq < Sk, GQA 6/3, D 192, dlse", 192, 1, false,
+     Config::kMaskPerBatch},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
@@ -1058,7 +1066,7 @@ std::vector<Variant> available_variants(int device_sm, int smem_per_block_optin,
     const flashjax::Choice varlen_tangent = flashjax::choose_kernel(
         device_sm, flashjax::compiled_archs(), key, flashjax::enabled_kernel_table(), smem_per_block_optin);
     key.varlen = false;
-    key.mask_mod = true;  // the mask-mod configs' kernels (gen_kernels.py's MASK_MOD rows)
+    key.mask_mod = true;  // the mask-mod configs' kernels (the sm90 family's on Hopper, the sm80 family's elsewhere)
     key.direction = flashjax::Direction::kFwd;
     const flashjax::Choice mask_fwd = flashjax::choose_kernel(device_sm, flashjax::compiled_archs(), key,
                                                               flashjax::enabled_kernel_table(), smem_per_block_optin);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "flashjax/params.h"
+#include "flashjax/workspace.h"
 
 namespace flashjax {
 
@@ -18,9 +19,10 @@ struct FamilyChoices {
   int32_t block_n = 0;     // keys per mainloop step
   int32_t pack_group = 1;  // query heads sharing one tile (GQA packing); 1: no packing
   int32_t num_splits = 1;  // parts each tile's keys run as on separate CTAs (split keys); 1: no split
-  // A mask mod's kernel walks per-tile block lists (kernels/common/mask_block_lists.cuh), which the pass's mask
-  // workspace then holds ahead of the tile classes (flashjax/workspace.h); false: it reads the classes alone.
-  bool mask_block_lists = false;
+  // Which block lists a mask mod's kernel walks (kKeyBlocks: kernels/common/mask_block_lists.cuh; kQueryBlocks:
+  // mask_query_block_lists.cuh), which the pass's mask workspace then holds ahead of the tile classes
+  // (flashjax/workspace.h); kNone: it reads the classes alone.
+  MaskBlockLists mask_block_lists = MaskBlockLists::kNone;
   // A varlen forward hands its tiles out at run time (sm90, FLASHJAX_SM90_VARLEN_WALK=2): the pass's workspace is
   // then one int32 counter (flashjax/workspace.h), the FFI target flashjax_fwd_varlen_dynamic.
   bool varlen_tile_counter = false;

@@ -88,15 +88,34 @@ constexpr FwdSplitWorkspaceLayout fwd_split_workspace_layout(int32_t batch, int3
 // to a few hundred KB), of which the classification writes the [Bm, Hm, ...] corner it needs. The tile of the
 // forward is (query rows, keys per step); of the backward (query rows per step, keys per CTA).
 // Where the kernel walks block lists (FamilyChoices::mask_block_lists: AttnShape::mask_block_lists), the same
-// workspace holds them first, int32 [B, Hq, m_blocks, n_blocks + 2] at byte 0 (XLA aligns the buffer), then the
-// classes: one uint8 buffer of shape [B, Hq, m_blocks, 4 (n_blocks + 2) + n_blocks], whose byte count is the two
-// parts' sum.
+// workspace holds them first at byte 0 (XLA aligns the buffer), then the classes; the uint8 buffer's byte count is
+// the two parts' sum:
+//   kKeyBlocks (the sm90 forward: per query tile its KV blocks, common/mask_block_lists.cuh): int32 [B, Hq,
+//     m_blocks, n_blocks + 2]; the buffer [B, Hq, m_blocks, 4 (n_blocks + 2) + n_blocks];
+//   kQueryBlocks (the sm90 backward: per key block its query blocks, common/mask_query_block_lists.cuh): int32 [B,
+//     Hq, n_blocks, m_blocks + 2]; the buffer [B, Hq, 4 n_blocks (m_blocks + 2) + m_blocks n_blocks].
+enum class MaskBlockLists : uint8_t {
+  kNone,        // the kernel reads the classes alone
+  kKeyBlocks,   // per (b, h, m-block): the n-blocks its tile visits
+  kQueryBlocks  // per (b, h, n-block): the m-blocks its key block visits
+};
+
 struct MaskTileClassesLayout {
   int32_t m_blocks = 0;
   int32_t n_blocks = 0;
-  int64_t list_bytes = 0;  // B * Hq * m_blocks * (n_blocks + 2) * 4 where the kernel walks block lists, else 0
+  MaskBlockLists lists = MaskBlockLists::kNone;
+  int64_t list_bytes = 0;  // the lists' bytes (above), 0 with kNone
   int64_t bytes = 0;       // list_bytes + B * Hq * m_blocks * n_blocks
-  int64_t row_bytes() const { return int64_t(n_blocks) + (list_bytes > 0 ? 4 * (int64_t(n_blocks) + 2) : 0); }
+  // The bytes per m-block of a (b, h) (kNone, kKeyBlocks) and per (b, h) (every kind).
+  int64_t row_bytes() const {
+    return int64_t(n_blocks) + (lists == MaskBlockLists::kKeyBlocks ? 4 * (int64_t(n_blocks) + 2) : 0);
+  }
+  int64_t head_bytes() const {
+    return int64_t(m_blocks) * n_blocks + (lists == MaskBlockLists::kKeyBlocks ? 4 * int64_t(m_blocks) * (n_blocks + 2)
+                                           : lists == MaskBlockLists::kQueryBlocks
+                                               ? 4 * int64_t(n_blocks) * (m_blocks + 2)
+                                               : 0);
+  }
   // The parts of a workspace of this layout that starts at `base`: the block lists (nullptr where it has none), then
   // the classes. The FFI handler and the sanitizer driver both split theirs here.
   int32_t* block_lists(uint8_t* base) const { return list_bytes > 0 ? reinterpret_cast<int32_t*>(base) : nullptr; }
@@ -105,14 +124,15 @@ struct MaskTileClassesLayout {
 
 constexpr MaskTileClassesLayout mask_tile_classes_layout(int32_t batch, int32_t heads_q, int32_t seqlen_q,
                                                          int32_t seqlen_k, int32_t block_m, int32_t block_n,
-                                                         bool block_lists = false) {
+                                                         MaskBlockLists lists = MaskBlockLists::kNone) {
   MaskTileClassesLayout layout;
   if (block_m <= 0 || block_n <= 0) return layout;
   layout.m_blocks = (seqlen_q + block_m - 1) / block_m;
   layout.n_blocks = (seqlen_k + block_n - 1) / block_n;
-  const int64_t rows = int64_t(batch) * heads_q * layout.m_blocks;
-  layout.list_bytes = block_lists ? rows * (int64_t(layout.n_blocks) + 2) * 4 : 0;
-  layout.bytes = layout.list_bytes + rows * layout.n_blocks;
+  layout.lists = lists;
+  const int64_t heads = int64_t(batch) * heads_q;
+  layout.bytes = heads * layout.head_bytes();
+  layout.list_bytes = layout.bytes - heads * layout.m_blocks * layout.n_blocks;
   return layout;
 }
 

@@ -52,6 +52,49 @@ struct MaskBitsRows {
       }
     }
   }
+
+  // For scores computed transposed (S^T = K Q^T, the sm90 backward: the views' rows are keys, their columns query
+  // rows), in two halves so that the loads can go out while the GEMM that computes the scores runs and only one
+  // register stays live until the scores are there: keep_transposed packs the thread's bits, bit mi + ni * rows of
+  // the view for score (mi, ni) (at most 32 scores a thread), and apply_keep sets the scores whose bit is 0 to -inf.
+  // A wgmma accumulator thread holds keys r and r + 8 of a 16-aligned run, so its keys of one column share a word:
+  // each column loads one word, and a second only where a key's word differs (never, for the wgmma layouts; the
+  // check keeps any other layout right). Same bounds as apply: nothing is read past the bits.
+  template <typename CoordsRC>
+  __device__ __forceinline__ uint32_t keep_transposed(const CoordsRC& coords_rc, int m_start, int n_start) const {
+    using namespace cute;
+    constexpr int kRows = size<0>(CoordsRC{});
+    static_assert(size(CoordsRC{}) <= 32, "one bit per score of the thread");
+    uint32_t keep = 0u;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(coords_rc); ++ni) {
+      const int row = m_start + get<1>(coords_rc(0, ni));
+      const uint32_t* row_words = words + int64_t(row) * words_per_row;
+      auto load = [&](int w) { return row < seqlen_q && w < words_per_row ? row_words[w] : 0u; };
+      const int first_key = n_start + get<0>(coords_rc(0, 0));
+      const uint32_t first_word = load(first_key >> 5);
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const int key = n_start + get<0>(coords_rc(mi, 0));
+        const uint32_t word = (key >> 5) == (first_key >> 5) ? first_word : load(key >> 5);
+        keep |= ((word >> (key & 31)) & 1u) << (mi + ni * kRows);
+      }
+    }
+    return keep;
+  }
+
+  template <typename ScoresRC>
+  __device__ __forceinline__ static void apply_keep(ScoresRC& scores_rc, uint32_t keep) {
+    using namespace cute;
+    constexpr int kRows = size<0>(ScoresRC{});
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(scores_rc); ++ni) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        if (((keep >> (mi + ni * kRows)) & 1u) == 0u) scores_rc(mi, ni) = -INFINITY;
+      }
+    }
+  }
 };
 
 }  // namespace flashjax::common

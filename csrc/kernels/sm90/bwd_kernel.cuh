@@ -9,6 +9,9 @@
 // Packed sequences (kVarlen, a compile-time variant: the dense kernels' code is what it was): grid (virtual key
 // block, KV head, 1); a CTA finds its sequence and key block (bwd_varlen_scheduler.cuh), one with no keys there
 // exits at once (the launcher zeroed dK / dV), the others run as above on the sequence's used rows and keys.
+// A mask mod (kMaskMod, likewise a compile-time variant; dense only): the CTA's steps are, per query head, the query
+// blocks of its list (common/mask_query_block_lists.cuh, built by the launcher before this kernel), the mod's empty
+// tiles left out; a CTA whose lists are all empty runs no step and writes zero dK and dV, as one outside the band.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -26,10 +29,11 @@
 namespace flashjax::sm90 {
 
 // Tiles and warpgroup split: bwd_tile_sizes(kHeadDim), read by the mainloop.
-template <typename Element, int kHeadDim, bool kSoftcap, bool kVarlen_ = false>
+template <typename Element, int kHeadDim, bool kSoftcap, bool kVarlen_ = false, bool kMaskMod_ = false>
 struct BwdKernelSm90 {
-  using Mainloop = BwdMainloopSm90<Element, kHeadDim, kSoftcap, kVarlen_>;
+  using Mainloop = BwdMainloopSm90<Element, kHeadDim, kSoftcap, kVarlen_, kMaskMod_>;
   static constexpr bool kVarlen = kVarlen_;
+  static constexpr bool kMaskMod = kMaskMod_;
   using VarlenScheduler = BwdVarlenSchedulerSm90<Mainloop::kBlockN, /*kKeys=*/true>;
   static constexpr int kThreads = 128 + Mainloop::kMmaThreads;
   // 128 * 24 + 256 * 240 = 64512 of the 64K registers (see FwdKernelSm90 for the bound).
@@ -94,7 +98,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                                  Kernel::kVarlen ? seq.seqlen_k : call.seqlen_k, call.window_left, call.window_right);
   const common::MBlockRange m_blocks = mask.m_blocks<Mainloop::kBlockM, Mainloop::kBlockN>(n_block * Mainloop::kBlockN);
   const int group = call.heads_q / call.heads_k;
-  const typename Mainloop::Steps steps = Mainloop::make_steps(kv_head * group, group, m_blocks, seq);
+  const typename Mainloop::Steps steps =
+      Mainloop::make_steps(kv_head * group, group, m_blocks, seq, call, batch, n_block);
 
   if (is_producer) {
     cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();

@@ -13,6 +13,11 @@
 // and dv are zeroed first, as the sm80 family does: the rows no CTA writes (past seqused, outside every sequence,
 // rows malformed offsets leave out) are 0, as the reference gives unused rows. deterministic=True is refused with
 // varlen (the counters are laid out per dense batch; dispatch never sends such a call here).
+//
+// A mask mod (mask_bits set; dense, not deterministic: dispatch refuses both combinations): before the main kernel,
+// the tile classes of the backward's tiles and each key block's query-block lists
+// (common/mask_query_block_lists.cuh) into the mask workspace, then the kMaskMod variant of the main kernel, which
+// walks them. deterministic=True is refused because BwdDqOrder's turns count the band's steps, which the lists skip.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +28,7 @@
 #include "flashjax/params.h"
 #include "flashjax/workspace.h"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/mask_query_block_lists.cuh"
 #include "kernels/common/varlen_gradients.h"
 #include "kernels/sm80/bwd_preprocess.cuh"
 #include "kernels/sm90/bwd_kernel.cuh"
@@ -36,8 +42,8 @@ namespace flashjax::sm90 {
 
 namespace detail {
 
-template <typename Element, int kHeadDim, bool kSoftcap, bool kVarlen = false>
-using BwdKernelFor = BwdKernelSm90<Element, kHeadDim, kSoftcap, kVarlen>;
+template <typename Element, int kHeadDim, bool kSoftcap, bool kVarlen = false, bool kMaskMod = false>
+using BwdKernelFor = BwdKernelSm90<Element, kHeadDim, kSoftcap, kVarlen, kMaskMod>;
 
 template <typename Kernel>
 cudaError_t launch_bwd_kernel(const BwdParams& params, cudaStream_t stream) {
@@ -66,6 +72,17 @@ cudaError_t launch_bwd_main(const BwdParams& params, cudaStream_t stream) {
                               : launch_bwd_kernel<BwdKernelFor<Element, kHeadDim, false, kVarlen>>(params, stream);
 }
 
+// A mask mod's main kernel for the call's softcap, after the lists it walks (dense only).
+template <typename Element, int kHeadDim>
+cudaError_t launch_bwd_mask_mod(const BwdParams& params, cudaStream_t stream) {
+  using Mainloop = typename BwdKernelFor<Element, kHeadDim, false, false, true>::Mainloop;
+  const cudaError_t err = common::launch_mask_query_block_lists<Mainloop::kBlockM, Mainloop::kBlockN>(params, stream);
+  if (err != cudaSuccess) return err;
+  return params.softcap > 0.f
+             ? launch_bwd_kernel<BwdKernelFor<Element, kHeadDim, true, false, true>>(params, stream)
+             : launch_bwd_kernel<BwdKernelFor<Element, kHeadDim, false, false, true>>(params, stream);
+}
+
 }  // namespace detail
 
 template <typename Element, int kHeadDim>
@@ -82,10 +99,12 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
       params.seqlen_q < 0 || params.seqlen_k < 0 || params.batch < 0 || params.seqlen_q_rounded < slab_rows ||
       params.seqlen_q_rounded % kBwdSeqlenQRounding != 0 || kBwdSeqlenQRounding % Mainloop::kBlockM != 0 ||
-      (varlen && (params.batch != 1 || params.num_seqs < 0 || params.deterministic)) ||
-      params.mask_bits != nullptr) {  // mask mods run on the sm80 family (dispatch sends them there)
+      (varlen && (params.batch != 1 || params.num_seqs < 0 || params.deterministic))) {
     return cudaErrorInvalidValue;
   }
+  // A mask mod: dense and unordered dQ (dispatch sends no other); launch_bwd_mask_mod checks its workspace.
+  const bool mask_mod = params.mask_bits != nullptr;
+  if (mask_mod && (varlen || params.deterministic)) return cudaErrorInvalidValue;
   if (!detail::tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
       !detail::tma_compatible<Element>(params.k, params.k_row_stride, params.k_head_stride, params.k_batch_stride) ||
       !detail::tma_compatible<Element>(params.v, params.v_row_stride, params.v_head_stride, params.v_batch_stride) ||
@@ -121,8 +140,9 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
   }
   // With Sq = 0 the main kernel still runs: its CTAs run no step and write zero dK / dV.
   if (params.seqlen_k > 0) {
-    const cudaError_t err = varlen ? detail::launch_bwd_main<Element, kHeadDim, true>(params, stream)
-                                   : detail::launch_bwd_main<Element, kHeadDim, false>(params, stream);
+    const cudaError_t err = varlen     ? detail::launch_bwd_main<Element, kHeadDim, true>(params, stream)
+                            : mask_mod ? detail::launch_bwd_mask_mod<Element, kHeadDim>(params, stream)
+                                       : detail::launch_bwd_main<Element, kHeadDim, false>(params, stream);
     if (err != cudaSuccess) return err;
   }
   if (params.seqlen_q > 0 && !varlen) {
@@ -152,12 +172,17 @@ FamilyChoices bwd_choices(const AttnShape&, const ChoiceQuery& query) {
   FamilyChoices choices;
   choices.block_m = kTiles.block_m;
   choices.block_n = kTiles.block_n;
+  // A mask mod's kernel walks per-key-block lists of query blocks, built from the classes of these same tiles.
+  if (query.mask_mod) choices.mask_block_lists = MaskBlockLists::kQueryBlocks;
   if (query.explain) {
     const char* split = kTiles.split == BwdWarpgroupSplit::kByKeys
                             ? " keys per CTA (two MMA warpgroups of 64), "
                             : " keys per CTA (two MMA warpgroups, each dK / dV for half of the head dim), ";
     choices.tile_reason = std::to_string(kTiles.block_n) + split + std::to_string(kTiles.block_m) +
-                          " query rows per step (bwd_tile_sizes for head dim " + std::to_string(kHeadDim) + ")";
+                          " query rows per step (bwd_tile_sizes for head dim " + std::to_string(kHeadDim) + ")" +
+                        (query.mask_mod ? "; mask mod: each key block walks its list of query blocks, the mod's "
+                                          "empty tiles left out, its full ones run without the bits"
+                                        : "");
   }
   return choices;
 }

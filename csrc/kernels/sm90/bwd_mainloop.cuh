@@ -30,6 +30,15 @@
 // before any GEMM reads them (zero_rows: K and V once per CTA, Q and dO on the steps whose box reaches past the
 // used rows, i.e. a sequence's last block). Then such rows are exactly the zero-filled rows of the dense case: S and
 // dP are 0 there, padding rows have lse_log2 = +inf (P = 0), keys past the used ones are masked.
+//
+// A mask mod (kMaskMod, another compile-time variant; dense only, not with kVarlen): the steps of query head h are
+// the entries of its list for the CTA's key block (MaskModSteps::blocks, common/mask_query_block_lists.cuh) instead
+// of the band's whole range, so the mod's empty tiles are never loaded; on the steps the list flags partial, the
+// MMA warpgroups load their bits while the S^T and dP^T GEMMs run (one packed word per thread) and set S^T to -inf
+// where the mod's bit is 0 (after the band's own mask), which makes P^T and dS^T 0 there; full tiles run the band's
+// code alone. A row that sees no key at all has lse = -inf, which the preprocess
+// turns into lse_log2 = +inf, so its P is 0 on every tile and its gradients are 0, not NaN. The dQ writer and the
+// producer walk the same lists, step for step.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -40,6 +49,8 @@
 #include "flashjax/params.h"
 #include "kernels/common/bwd_band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/mask_bits.cuh"
+#include "kernels/common/mask_query_block_lists.cuh"
 #include "kernels/common/softcap.cuh"
 #include "flashjax/workspace.h"
 #include "kernels/sm90/bwd_dq_order.cuh"
@@ -69,7 +80,7 @@ __device__ __forceinline__ void bulk_wait_all_complete() {
 #endif
 }
 
-template <typename Element_, int kHeadDim_, bool kSoftcap_, bool kVarlen_ = false>
+template <typename Element_, int kHeadDim_, bool kSoftcap_, bool kVarlen_ = false, bool kMaskMod_ = false>
 struct BwdMainloopSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -80,6 +91,9 @@ struct BwdMainloopSm90 {
   static constexpr bool kSoftcap = kSoftcap_;
   // Packed sequences (see the header): the CTA's sequence rides along in Steps.
   static constexpr bool kVarlen = kVarlen_;
+  // A mask mod (see the header): each (query head, key block) walks its list of query blocks; dense only.
+  static constexpr bool kMaskMod = kMaskMod_;
+  static_assert(!(kVarlen && kMaskMod), "varlen + mask mod runs on the reference");
   static constexpr int kMmaWarpgroups = BwdNamedBarrier::kMmaWarpgroups;
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kStages = kTiles.stages;  // Q and dO buffers each
@@ -276,6 +290,17 @@ struct BwdMainloopSm90 {
     int m_begin;
     int m_end;
     __device__ int num_steps() const { return m_end > m_begin ? group * (m_end - m_begin) : 0; }
+    // The query blocks of head head_begin + h: steps t in [first(), last()), block m_block(t). Here the band's range
+    // itself, read through the steps as the loops read it before lists existed, so that the dense kernels' code
+    // stays what it was (copies of the bounds into locals changed their register allocation and spills).
+    struct Blocks {
+      const DenseSteps& steps;
+      __device__ int first() const { return steps.m_begin; }
+      __device__ int last() const { return steps.m_end; }
+      __device__ int m_block(int t) const { return t; }
+      __device__ bool partial(int) const { return false; }
+    };
+    __device__ Blocks blocks(int) const { return {*this}; }
     // First row of query block m_block of head_q in the workspace slabs ([B, Hq, Sq_rounded] per-row arrays;
     // dq_accum has D floats per row).
     __host__ __device__ static int64_t row_offset(int heads_q, int seqlen_q_rounded, int batch, int head_q,
@@ -288,12 +313,38 @@ struct BwdMainloopSm90 {
   struct VarlenSteps : DenseSteps {
     BwdVarlenBlock seq;
   };
-  using Steps = std::conditional_t<kVarlen, VarlenSteps, DenseSteps>;
+  // Mask mod: per query head of the group, the list of the query blocks this key block visits
+  // (common/mask_query_block_lists.cuh, built from the band's range and the mod's tile classes): empty tiles left
+  // out, partial ones flagged. Every role reads the same lists, so they walk the same steps.
+  struct MaskModSteps : DenseSteps {
+    const int32_t* lists;      // head head_begin's list of the CTA's (batch, key block)
+    int64_t list_head_stride;  // ints to the next query head's list (0 where the bits broadcast over heads)
+    common::MaskBitsRows bits;  // head head_begin's bits of the CTA's batch
+    int64_t bits_head_stride;   // words to the next query head's bits (0 where they broadcast)
+    using Blocks = common::ListedMBlocks;
+    __device__ Blocks blocks(int h) const {
+      const int32_t* list = lists + h * list_head_stride;
+      return {list, list[0]};
+    }
+    __device__ common::MaskBitsRows bits_of(int h) const {
+      return {bits.words + h * bits_head_stride, bits.words_per_row, bits.seqlen_q};
+    }
+    __device__ int num_steps() const {
+      int steps = 0;
+      for (int h = 0; h < this->group; ++h) steps += blocks(h).last();
+      return steps;
+    }
+  };
+  using Steps = std::conditional_t<kVarlen, VarlenSteps, std::conditional_t<kMaskMod, MaskModSteps, DenseSteps>>;
+  using Lists = common::MaskQueryBlockLists<kBlockM, kBlockN>;
 
   __device__ static Steps make_steps(int head_begin, int group, const common::MBlockRange& m_blocks,
-                                     const BwdVarlenBlock& seq) {
+                                     const BwdVarlenBlock& seq, const AttnShape& call, int batch, int n_block) {
     if constexpr (kVarlen) {
       return {{head_begin, group, m_blocks.begin, m_blocks.end}, seq};
+    } else if constexpr (kMaskMod) {
+      return {{head_begin, group, m_blocks.begin, m_blocks.end}, Lists::list(call, batch, head_begin, n_block),
+              Lists::head_stride(call), common::MaskBitsRows::of(call, batch, head_begin), call.mask_head_stride};
     } else {
       return {head_begin, group, m_blocks.begin, m_blocks.end};
     }
@@ -372,7 +423,9 @@ struct BwdMainloopSm90 {
       Tensor tdOgdO = group_modes<0, 3>(tma_do.partition_S(local_tile(
           from_row<false>(params.tma_do.get_tma_tensor(params.shape_q)(_, _, head_q, batch), steps),
           Shape<BlockM, HeadDim>{}, make_coord(_, _0{}))));
-      for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
+      const auto blocks = steps.blocks(h);
+      for (int t = blocks.first(); t < blocks.last(); ++t) {
+        const int m_block = blocks.m_block(t);
         const int64_t rows = slab_row(params, steps, batch, head_q, m_block);
         const int stage = write.index();
         pipeline_q.producer_acquire(write);
@@ -404,7 +457,9 @@ struct BwdMainloopSm90 {
       cutlass::arch::NamedBarrier::arrive(kBarrierThreads, BwdNamedBarrier::dq_empty(w));
     }
     for (int h = 0; h < steps.group; ++h) {
-      for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
+      const auto blocks = steps.blocks(h);
+      for (int t = blocks.first(); t < blocks.last(); ++t) {
+        const int m_block = blocks.m_block(t);
         const int64_t rows = slab_row(params, steps, batch, steps.head_begin + h, m_block);
         float* block = params.dq_accum + rows * kHeadDim;
         int* counter = nullptr;
@@ -514,8 +569,10 @@ struct BwdMainloopSm90 {
     State read;
     int ds_stage = 0;
     for (int h = 0; h < steps.group; ++h) {
+      const auto blocks = steps.blocks(h);
       CUTE_NO_UNROLL
-      for (int m_block = steps.m_begin; m_block < steps.m_end; ++m_block) {
+      for (int t = blocks.first(); t < blocks.last(); ++t) {
+        const int m_block = blocks.m_block(t);
         const int m_start = m_block * kBlockM;
         const int stage = read.index();
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -537,6 +594,11 @@ struct BwdMainloopSm90 {
         common::wgmma_gemm</*kZeroInit=*/true, /*kWaitGroups=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
         pipeline_do.consumer_wait(read);
         common::wgmma_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+        // A partial tile of the mask mod: the thread's bits, loaded while the GEMMs run (applied after the band's).
+        [[maybe_unused]] uint32_t keep = ~0u;
+        if constexpr (kMaskMod) {
+          if (blocks.partial(t)) keep = steps.bits_of(h).keep_transposed(coords_rc, m_start, n_start);
+        }
         warpgroup_wait<1>();  // S^T is complete; dP^T may still run
         warpgroup_fence_operand(acc_s);
 
@@ -551,6 +613,9 @@ struct BwdMainloopSm90 {
         }
         if (mask.needs_mask<kBlockM, kBlockN>(m_start, n_start)) {
           mask.apply_transposed(s_rc, coords_rc, m_start, n_start);
+        }
+        if constexpr (kMaskMod) {  // the mod's bits on partial tiles, after the band (full tiles: the band alone)
+          if (blocks.partial(t)) common::MaskBitsRows::apply_keep(s_rc, keep);
         }
         // P^T = exp2(s * scale log2e - LSE log2e); each thread's columns are queries, 2 keys per column.
         const float* lse_log2 = tensors.lse_log2.data() + stage * kBlockM;

@@ -95,7 +95,7 @@ inline FamilyChoices mask_mod_fwd_choices(int head_dim, const AttnShape& shape, 
   choices.tile_class = static_cast<int32_t>(load);
   choices.block_m = tiles.block_m;
   choices.block_n = tiles.block_n;
-  choices.mask_block_lists = true;
+  choices.mask_block_lists = MaskBlockLists::kKeyBlocks;
   if (!query.explain) return choices;
   choices.tile_reason = std::to_string(tiles.block_m) + " x " + std::to_string(tiles.block_n) +
                         " tiles (the mask-mod kernel's: each tile walks its list of KV blocks, the mod's empty tiles "

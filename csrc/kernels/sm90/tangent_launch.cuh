@@ -121,7 +121,7 @@ FamilyChoices tangent_choices(const AttnShape&, const ChoiceQuery& query) {
   choices.block_m = kTile.block_m;
   choices.block_n = kTile.block_n;
   // A mask mod's tangent walks block lists for these tiles (launch_tangent_mask_mod): the workspace holds them.
-  choices.mask_block_lists = query.mask_mod;
+  choices.mask_block_lists = query.mask_mod ? MaskBlockLists::kKeyBlocks : MaskBlockLists::kNone;
   if (query.explain) {
     choices.tile_reason = std::to_string(kTile.block_m) + " x " + std::to_string(kTile.block_n) +
                           " tiles (the sm90 tangent's configuration for this head dim: two consumer warpgroups of 64 "
