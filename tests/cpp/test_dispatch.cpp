@@ -297,7 +297,7 @@ TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   EXPECT_NE(no_varlen_tangent.reason.find("mask_mod with varlen"), std::string::npos) << no_varlen_tangent.reason;
   ProblemKey ordered = key(Direction::kBwd, DType::kBFloat16, 128);
   ordered.mask_mod = ordered.deterministic = true;
-  std::vector<KernelEntry> with_ordered = with_sm90_bwd;  // the sm90 backward takes both flags, not together
+  std::vector<KernelEntry> with_ordered = rows;  // the sm90 backward takes both flags, not together
   for (KernelEntry& e : with_ordered) e.deterministic = std::string_view(e.family) == "sm90";
   const Choice no_order = choose_kernel(90, archs, ordered, with_ordered);
   EXPECT_EQ(no_order.kernel, nullptr) << no_order.reason;
