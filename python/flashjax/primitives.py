@@ -10,7 +10,7 @@ docs/design.md §2.6), computed once by the forward's caller and carried to the 
 The kernels AND them with the band (the flashjax_*_mask_mod targets); the reference lowerings unpack them
 (`unpack_mask_bits`). They are integer data: never differentiated.
 
-fwd's JVP rule emits `jvp` (calls without mask bits, FLASHJAX_FUSED_JVP not 0) or `fwd` then `tangent`; tangent's
+fwd's JVP rule emits `jvp` (calls without mask bits where fused_jvp_enabled) or `fwd` then `tangent`; tangent's
 transpose rule runs `bwd`. `jvp` is the fused pass of plain jax.jvp (flashjax_jvp: out, lse and their tangents in one
 kernel, S computed once; where the plan has no fused kernel for the call it lowers to the fwd + tangent pair). It
 exists only where all four outputs are wanted at once: its partial-evaluation rule splits it back into a known `fwd`
@@ -243,16 +243,26 @@ mlir.register_lowering(varlen_guard_p, lambda ctx, *xs: xs)
 
 
 # ------------------------------------------------------------------------------------------------ autodiff
-def fused_jvp_enabled() -> bool:
-    """Whether fwd's JVP rule binds the fused pass (FLASHJAX_FUSED_JVP, read at trace time; on unless "0"). Off, jax.jvp
-    runs the forward and then the tangent pass, as before the fused kernel existed."""
-    return os.environ.get("FLASHJAX_FUSED_JVP", "1") != "0"
+# The widest head dim whose fused pass measured faster than the forward + tangent pair it replaces (H100, same process:
+# the jvp 12-16% faster at D 64, 1-2% slower at D 128, whose 32-key steps the registers impose:
+# docs/performance.md 2.8). Wider calls fuse only where FLASHJAX_FUSED_JVP=1 asks.
+_FUSED_JVP_DEFAULT_MAX_HEAD_DIM = 64
+
+
+def fused_jvp_enabled(head_dim: int) -> bool:
+    """Whether fwd's JVP rule binds the fused pass for this head dim (FLASHJAX_FUSED_JVP, read at trace time): "0"
+    never, "1" wherever a fused kernel exists, unset where it is the faster (D <= 64). Otherwise jax.jvp runs the
+    forward and then the tangent pass."""
+    setting = os.environ.get("FLASHJAX_FUSED_JVP", "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return head_dim <= _FUSED_JVP_DEFAULT_MAX_HEAD_DIM
 
 
 def _fwd_jvp(primals, tangents, **params):
     q, k, v, sinks, *mask_bits = primals
     tq, tk, tv, ts = (ad.instantiate_zeros(t) for t in tangents[:4])
-    if not mask_bits and fused_jvp_enabled():
+    if not mask_bits and fused_jvp_enabled(q.shape[-1]):
         out, lse, t_out, t_lse = jvp_p.bind(q, k, v, sinks, tq, tk, tv, ts, **params)
         return (out, lse), (t_out, t_lse)
     out, lse = fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
@@ -391,7 +401,23 @@ batching.primitive_batchers[fwd_p] = _batching_rule(fwd_p, per_head_args=(3,), m
 batching.primitive_batchers[tangent_p] = _batching_rule(tangent_p, per_head_args=(3, 9),
                                                         mask_index=MASK_BITS_INDEX["tangent"])
 batching.primitive_batchers[bwd_p] = _batching_rule(bwd_p, per_head_args=(7,), mask_index=MASK_BITS_INDEX["bwd"])
-batching.primitive_batchers[jvp_p] = _batching_rule(jvp_p, per_head_args=(3, 7), mask_index=None)
+_fused_jvp_batching = _batching_rule(jvp_p, per_head_args=(3, 7), mask_index=None)
+
+
+def _jvp_batching(args, dims, **params):
+    """vmap of the fused pass. Where only the tangents are mapped (jax.jacfwd pushes a batch of tangents through one
+    primal) the primal outputs must stay unmapped: the forward runs once and the tangent pass takes the mapped
+    tangents. Otherwise the fused pass folds the mapped axis into the batch like the other primitives."""
+    if any(d is not None for d in dims[:4]):
+        return _fused_jvp_batching(args, dims, **params)
+    q, k, v, sinks, tq, tk, tv, ts = args
+    out, lse = fwd_p.bind(q, k, v, sinks, **params)
+    t_outs, t_dims = batching.primitive_batchers[tangent_p](
+        (q, k, v, sinks, out, lse, tq, tk, tv, ts), (None,) * 6 + tuple(dims[4:]), **params)
+    return [out, lse, *t_outs], [None, None, *t_dims]
+
+
+batching.primitive_batchers[jvp_p] = _jvp_batching
 batching.primitive_batchers[varlen_guard_p] = _guard_batching
 
 
