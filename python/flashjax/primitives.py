@@ -398,8 +398,8 @@ def _guard_batching(args, dims):
 
 
 batching.primitive_batchers[fwd_p] = _batching_rule(fwd_p, per_head_args=(3,), mask_index=MASK_BITS_INDEX["fwd"])
-batching.primitive_batchers[tangent_p] = _batching_rule(tangent_p, per_head_args=(3, 9),
-                                                        mask_index=MASK_BITS_INDEX["tangent"])
+_tangent_batching = _batching_rule(tangent_p, per_head_args=(3, 9), mask_index=MASK_BITS_INDEX["tangent"])
+batching.primitive_batchers[tangent_p] = _tangent_batching
 batching.primitive_batchers[bwd_p] = _batching_rule(bwd_p, per_head_args=(7,), mask_index=MASK_BITS_INDEX["bwd"])
 _fused_jvp_batching = _batching_rule(jvp_p, per_head_args=(3, 7), mask_index=None)
 
@@ -412,8 +412,8 @@ def _jvp_batching(args, dims, **params):
         return _fused_jvp_batching(args, dims, **params)
     q, k, v, sinks, tq, tk, tv, ts = args
     out, lse = fwd_p.bind(q, k, v, sinks, **params)
-    t_outs, t_dims = batching.primitive_batchers[tangent_p](
-        (q, k, v, sinks, out, lse, tq, tk, tv, ts), (None,) * 6 + tuple(dims[4:]), **params)
+    t_outs, t_dims = _tangent_batching((q, k, v, sinks, out, lse, tq, tk, tv, ts), (None,) * 6 + tuple(dims[4:]),
+                                       **params)
     return [out, lse, *t_outs], [None, None, *t_dims]
 
 

@@ -104,8 +104,9 @@ def test_jvp_with_some_tangents_zero_and_of_a_closed_over_primal():
 
 
 @pytest.mark.parametrize("sink_axis", [None, 0])
-def test_vmap_of_jvp(sink_axis):
-    # Mapped q / k / v tangents fold into the batch; a mapped sink tangent runs the pass per example (lax.map).
+def test_vmap_of_jvp_over_tangents_runs_the_forward_once(sink_axis):
+    # Only the tangents mapped (jax.jacfwd's shape): the primal outputs stay unmapped, so the forward runs once and the
+    # tangent pass takes the mapped tangents (folded into the batch; a mapped sink tangent per example, lax.map).
     params = _params()
     args = _inputs(10)
     ts = [_inputs(11 + i) for i in range(3)]
@@ -113,10 +114,36 @@ def test_vmap_of_jvp(sink_axis):
     if sink_axis is None:
         stacked[3] = ts[0][3]
     in_axes = (0, 0, 0, sink_axis)
-    run = lambda f: jax.vmap(lambda *t: jax.jvp(f, args, t), in_axes=in_axes)(*stacked)
-    assert "flashjax_jvp" in _names(jax.make_jaxpr(lambda *t: jax.vmap(
-        lambda *u: jax.jvp(_kernel(params), args, u), in_axes=in_axes)(*t))(*stacked).jaxpr)
+    run = lambda f: jax.vmap(lambda *t: jax.jvp(f, args, t), in_axes=in_axes, out_axes=(None, 0))(*stacked)
+    names = _names(jax.make_jaxpr(lambda *t: jax.vmap(
+        lambda *u: jax.jvp(_kernel(params), args, u), in_axes=in_axes, out_axes=(None, 0))(*t))(*stacked).jaxpr)
+    assert "flashjax_tangent" in names and "flashjax_jvp" not in names, names
     _close(run(_kernel(params)), run(_reference(params)))
+
+
+def test_vmap_of_jvp_over_primals_and_tangents_folds_the_fused_pass():
+    params = _params(has_sinks=False)
+    examples = [_inputs(20 + i) for i in range(2)]
+    tangents = [_inputs(30 + i) for i in range(2)]
+    primals = [jnp.stack([e[i] for e in examples]) for i in range(3)] + [examples[0][3]]
+    tstack = [jnp.stack([t[i] for t in tangents]) for i in range(3)] + [tangents[0][3]]
+    in_axes = ((0, 0, 0, None), (0, 0, 0, None))
+    run = lambda f: jax.vmap(lambda p, t: jax.jvp(f, p, t), in_axes=in_axes)(tuple(primals), tuple(tstack))
+    names = _names(jax.make_jaxpr(lambda p, t: jax.vmap(lambda a, b: jax.jvp(_kernel(params), a, b),
+                                                        in_axes=in_axes)(p, t))(tuple(primals), tuple(tstack)).jaxpr)
+    assert "flashjax_jvp" in names, names
+    _close(run(_kernel(params)), run(_reference(params)))
+
+
+def test_jacfwd_matches_reference():
+    params = _params(window=(-1, 0), softcap=3.0)
+    rng = np.random.default_rng(40)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 3, 2, 4)), jnp.float32) for _ in range(3))
+    s = jnp.asarray([0.3, -1.0], jnp.float32)
+    kernel = lambda q, k, v, s: primitives.forward(q, k, v, s, **params)[0]
+    reference_fn = lambda q, k, v, s: _reference(params)(q, k, v, s)[0]
+    _close(jax.jacfwd(kernel, argnums=(0, 1, 2, 3))(q, k, v, s),
+           jax.jacfwd(reference_fn, argnums=(0, 1, 2, 3))(q, k, v, s))
 
 
 def test_jvp_of_grad_keeps_the_backward_and_matches_reference():
