@@ -29,12 +29,12 @@ def test_build_info_describes_the_build():
                      "FLASHJAX_SMEM_LIMIT_KB"]
     assert all(s["meaning"] and s["value"] == os.environ.get(s["name"], "") for s in info["settings"])
     for kernel in info["kernels"]:
-        assert kernel["direction"] in ("fwd", "bwd", "tangent") and kernel["dtype"] in ("fp16", "bf16")
+        assert kernel["direction"] in ("fwd", "bwd", "tangent", "jvp") and kernel["dtype"] in ("fp16", "bf16")
         assert kernel["head_dim"] in (64, 96, 128, 192, 256)
     if info["kernel_set"] == "ci":
         expected = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent")}
         if any(a.startswith("90a") for a in info["cuda_archs"]):  # the Hopper family compiles for sm_90a only
-            expected |= {("sm90", "fwd"), ("sm90", "bwd"), ("sm90", "tangent")}
+            expected |= {("sm90", "fwd"), ("sm90", "bwd"), ("sm90", "tangent"), ("sm90", "jvp")}
         assert {(k["family"], k["direction"]) for k in info["kernels"]} == expected
 
 
@@ -195,7 +195,7 @@ def test_the_plan_refuses_a_mismatched_struct():
 
 
 DTYPE_NAME = {"bf16": "bfloat16", "fp16": "float16"}
-DIRECTION_NAME = {"fwd": "forward", "bwd": "backward", "tangent": "tangent"}
+DIRECTION_NAME = {"fwd": "forward", "bwd": "backward", "tangent": "tangent", "jvp": "fused jvp"}
 FAMILY_SM = {"sm80": 80, "sm90": 90}
 
 
