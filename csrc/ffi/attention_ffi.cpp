@@ -632,18 +632,32 @@ ffi::Error bwd_varlen_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::A
 // What both tangent targets share once the shape is filled: every tangent shaped like its primal (the kernel reads
 // it with its primal's strides), lse and t_lse holding one value per query row, the pointers. lse_shape names the
 // layout for the error ("[B, Hq, Sq]", varlen's "[Hq, Tq]").
+// Whether a tangent (or an output) is shaped like its primal: same dtype, element count and rank (the kernels read it
+// with the primal's strides).
+bool shaped_like(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+  return a.element_type() == b.element_type() && a.element_count() == b.element_count() &&
+         a.dimensions().size() == b.dimensions().size();
+}
+
+// sinks and their tangent ([Hq] f32), both or neither as has_sinks says, the last optional operands of the dense
+// tangent and fused jvp targets.
+template <typename Params>
+ffi::Error take_sinks_and_tangents(const ffi::RemainingArgs& optional, bool has_sinks, Params& p) {
+  OptionalOperands slots(optional, 2);
+  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
+  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
+  return slots.finish();
+}
+
 ffi::Error fill_tangent_operands(TangentParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
                                  const ffi::AnyBuffer& v, const ffi::AnyBuffer& o, ffi::Buffer<ffi::F32>& lse,
                                  const ffi::AnyBuffer& tq, const ffi::AnyBuffer& tk, const ffi::AnyBuffer& tv,
                                  ffi::Result<ffi::AnyBuffer>& t_out, ffi::Result<ffi::Buffer<ffi::F32>>& t_lse,
                                  const char* lse_shape) {
-  auto same = [](const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-    return a.element_type() == b.element_type() && a.element_count() == b.element_count() &&
-           a.dimensions().size() == b.dimensions().size();
-  };
   const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
-  if (!same(o, q) || !same(tq, q) || !same(tk, k) || !same(tv, v) || t_out->element_type() != q.element_type() ||
-      t_out->element_count() != q.element_count() || lse.element_count() != rows || t_lse->element_count() != rows) {
+  if (!shaped_like(o, q) || !shaped_like(tq, q) || !shaped_like(tk, k) || !shaped_like(tv, v) ||
+      t_out->element_type() != q.element_type() || t_out->element_count() != q.element_count() ||
+      lse.element_count() != rows || t_lse->element_count() != rows) {
     return invalid("tangent operands must be shaped like their primals: o, tq and t_out like q " +
                    dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse " + lse_shape);
   }
@@ -661,12 +675,14 @@ ffi::Error fill_tangent_operands(TangentParams& p, const ffi::AnyBuffer& q, cons
 }
 
 // The tangent (jax.jvp, issue 39): q, k, v, the forward's o and lse, the tangents tq, tk, tv, then sinks and their
-// tangent when has_sinks (both or neither) -> t_out, t_lse.
-ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                        ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer tq, ffi::AnyBuffer tk,
-                        ffi::AnyBuffer tv, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> t_out,
-                        ffi::Result<ffi::Buffer<ffi::F32>> t_lse, bool has_sinks, float softcap, float softmax_scale,
-                        int32_t window_left, int32_t window_right) {
+// tangent when has_sinks (both or neither) -> t_out, t_lse. mask_bits / tile_classes: the mask-mod target's (nullptr:
+// the plain one).
+ffi::Error run_tangent(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                       ffi::AnyBuffer o, ffi::Buffer<ffi::F32>& lse, ffi::AnyBuffer tq, ffi::AnyBuffer tk,
+                       ffi::AnyBuffer tv, const ffi::RemainingArgs& optional, ffi::Result<ffi::AnyBuffer>& t_out,
+                       ffi::Result<ffi::Buffer<ffi::F32>>& t_lse, bool has_sinks, float softcap, float softmax_scale,
+                       int32_t window_left, int32_t window_right, const ffi::Buffer<ffi::U32>* mask_bits = nullptr,
+                       ffi::Result<ffi::Buffer<ffi::U8>>* tile_classes = nullptr) {
   TangentParams p;
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
@@ -674,12 +690,24 @@ ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, 
   if (auto err = fill_tangent_operands(p, q, k, v, o, lse, tq, tk, tv, t_out, t_lse, "[B, Hq, Sq]"); err.failure()) {
     return err;
   }
-  OptionalOperands slots(optional, 2);
-  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
-  if (auto err = slots.finish(); err.failure()) return err;
+  if (auto err = take_sinks_and_tangents(optional, has_sinks, p); err.failure()) return err;
+  if (mask_bits != nullptr) {
+    if (auto err = fill_mask_bits(p, *mask_bits); err.failure()) return err;
+  }
   const PassPlan plan = plan_for(ordinal, Direction::kTangent, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
+  if (plan.kernel != nullptr && tile_classes != nullptr) {
+    if (auto err = take_mask_tile_classes(p, plan, *tile_classes); err.failure()) return err;
+  }
   return launch(plan, p, stream);
+}
+
+ffi::Error tangent_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                        ffi::AnyBuffer o, ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer tq, ffi::AnyBuffer tk,
+                        ffi::AnyBuffer tv, ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> t_out,
+                        ffi::Result<ffi::Buffer<ffi::F32>> t_lse, bool has_sinks, float softcap, float softmax_scale,
+                        int32_t window_left, int32_t window_right) {
+  return run_tangent(stream, ordinal, q, k, v, o, lse, tq, tk, tv, optional, t_out, t_lse, has_sinks, softcap,
+                     softmax_scale, window_left, window_right);
 }
 
 // The tangent with a mask mod (issue 39; a separate target, so that the plain one keeps the signature exported calls
@@ -693,22 +721,8 @@ ffi::Error tangent_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyB
                                  ffi::Result<ffi::Buffer<ffi::F32>> t_lse,
                                  ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_sinks, float softcap,
                                  float softmax_scale, int32_t window_left, int32_t window_right) {
-  TangentParams p;
-  if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
-    return err;
-  }
-  if (auto err = fill_tangent_operands(p, q, k, v, o, lse, tq, tk, tv, t_out, t_lse, "[B, Hq, Sq]"); err.failure()) {
-    return err;
-  }
-  OptionalOperands slots(optional, 2);
-  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
-  if (auto err = slots.finish(); err.failure()) return err;
-  if (auto err = fill_mask_bits(p, mask_bits); err.failure()) return err;
-  const PassPlan plan = plan_for(ordinal, Direction::kTangent, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
-  if (plan.kernel == nullptr) return launch(plan, p, stream);
-  if (auto err = take_mask_tile_classes(p, plan, tile_classes); err.failure()) return err;
-  return launch(plan, p, stream);
+  return run_tangent(stream, ordinal, q, k, v, o, lse, tq, tk, tv, optional, t_out, t_lse, has_sinks, softcap,
+                     softmax_scale, window_left, window_right, &mask_bits, &tile_classes);
 }
 
 // The varlen tangent: the tangent's operands in fill_varlen_shape's shapes (lse, t_lse [Hq, Tq]), the offsets, then
@@ -751,22 +765,15 @@ ffi::Error jvp_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
-  auto same = [](const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-    return a.element_type() == b.element_type() && a.element_count() == b.element_count() &&
-           a.dimensions().size() == b.dimensions().size();
-  };
   const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
-  if (!same(tq, q) || !same(tk, k) || !same(tv, v) || o->element_type() != q.element_type() ||
+  if (!shaped_like(tq, q) || !shaped_like(tk, k) || !shaped_like(tv, v) || o->element_type() != q.element_type() ||
       o->element_count() != q.element_count() || t_out->element_type() != q.element_type() ||
       t_out->element_count() != q.element_count() || lse->element_count() != rows ||
       t_lse->element_count() != rows) {
     return invalid("jvp operands must be shaped like their primals: tq, out and t_out like q " +
                    dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse [B, Hq, Sq]");
   }
-  OptionalOperands slots(optional, 2);
-  if (auto err = slots.take(has_sinks, p.heads_q, "sinks", p.sinks); err.failure()) return err;
-  if (auto err = slots.take(has_sinks, p.heads_q, "tsinks", p.tsinks); err.failure()) return err;
-  if (auto err = slots.finish(); err.failure()) return err;
+  if (auto err = take_sinks_and_tangents(optional, has_sinks, p); err.failure()) return err;
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();

@@ -259,14 +259,19 @@ def fused_jvp_enabled(head_dim: int) -> bool:
     return head_dim <= _FUSED_JVP_DEFAULT_MAX_HEAD_DIM
 
 
+def _forward_then_tangent(q, k, v, sinks, tq, tk, tv, ts, *mask_bits, **params):
+    """(out, lse, t_out, t_lse) as the forward and then the tangent pass: what the fused pass replaces."""
+    out, lse = fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
+    t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params)
+    return out, lse, t_out, t_lse
+
+
 def _fwd_jvp(primals, tangents, **params):
     q, k, v, sinks, *mask_bits = primals
     tq, tk, tv, ts = (ad.instantiate_zeros(t) for t in tangents[:4])
-    if not mask_bits and fused_jvp_enabled(q.shape[-1]):
-        out, lse, t_out, t_lse = jvp_p.bind(q, k, v, sinks, tq, tk, tv, ts, **params)
-        return (out, lse), (t_out, t_lse)
-    out, lse = fwd_p.bind(q, k, v, sinks, *mask_bits, **params)
-    t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, *mask_bits, **params)
+    fuse = not mask_bits and fused_jvp_enabled(q.shape[-1])
+    out, lse, t_out, t_lse = (jvp_p.bind(q, k, v, sinks, tq, tk, tv, ts, **params) if fuse
+                              else _forward_then_tangent(q, k, v, sinks, tq, tk, tv, ts, *mask_bits, **params))
     return (out, lse), (t_out, t_lse)
 
 
@@ -285,10 +290,7 @@ def _jvp_partial_eval(trace, *tracers, **params):
 
 def _jvp_jvp(primals, tangents, **params):
     """jvp of the fused pass (jvp of jvp): that of the pair it fuses."""
-    def pair(q, k, v, sinks, tq, tk, tv, ts):
-        out, lse = fwd_p.bind(q, k, v, sinks, **params)
-        t_out, t_lse = tangent_p.bind(q, k, v, sinks, out, lse, tq, tk, tv, ts, **params)
-        return out, lse, t_out, t_lse
+    pair = functools.partial(_forward_then_tangent, **params)
     outs, t_outs = jax.jvp(pair, tuple(primals), tuple(ad.instantiate_zeros(t) for t in tangents))
     return outs, list(t_outs)
 
