@@ -833,11 +833,11 @@ auto with_bwd_results(Binding binding) {
 // What both dense backward targets bind first: the operands (optional: dlse, sinks), the gradients, the workspace.
 auto bwd_binding() { return with_bwd_results(bwd_operands()); }
 
-// The attributes both backward targets bind after their results (in name order, as XLA passes them).
+// The attributes every target but the split forward binds last (after any of its own that sort first), in name
+// order, as XLA passes them.
 template <typename Binding>
-auto with_bwd_attrs(Binding binding) {
+auto with_attrs(Binding binding) {
   return std::move(binding)
-      .template Attr<bool>("has_dlse")
       .template Attr<bool>("has_sinks")
       .template Attr<float>("softcap")
       .template Attr<float>("softmax_scale")
@@ -845,18 +845,17 @@ auto with_bwd_attrs(Binding binding) {
       .template Attr<int32_t>("window_right");
 }
 
+// The attributes both backward targets bind after their results (in name order, as XLA passes them).
+template <typename Binding>
+auto with_bwd_attrs(Binding binding) {
+  return with_attrs(std::move(binding).template Attr<bool>("has_dlse"));
+}
+
 // The attributes both varlen targets bind after their results and any of their own that sort first (has_dlse), in
 // name order.
 template <typename Binding>
 auto with_varlen_attrs(Binding binding) {
-  return std::move(binding)
-      .template Attr<bool>("has_seqused_k")
-      .template Attr<bool>("has_seqused_q")
-      .template Attr<bool>("has_sinks")
-      .template Attr<float>("softcap")
-      .template Attr<float>("softmax_scale")
-      .template Attr<int32_t>("window_left")
-      .template Attr<int32_t>("window_right");
+  return with_attrs(std::move(binding).template Attr<bool>("has_seqused_k").template Attr<bool>("has_seqused_q"));
 }
 
 // What both forward targets bind first: context, q, k, v, the optional operands, o and lse.
@@ -874,26 +873,16 @@ auto fwd_binding() {
 // flashjax_*). Attributes are bound in name order, the order XLA passes them in.
 #pragma GCC visibility push(default)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd, flashjax::fwd_impl,
-                              flashjax::fwd_binding()
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                              flashjax::with_attrs(flashjax::fwd_binding()),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_mask_mod, flashjax::fwd_mask_mod_impl,
-                              flashjax::qkv_binding()
+                              flashjax::with_attrs(flashjax::qkv_binding()
                                   .Arg<ffi::Buffer<ffi::U32>>()     // mask_bits [Bm, Hm, Sq, Wk]
                                   .RemainingArgs()                  // sinks [Hq] f32 (see OptionalOperands)
                                   .Ret<ffi::AnyBuffer>()            // o
                                   .Ret<ffi::Buffer<ffi::F32>>()     // lse [B, Hq, Sq]
-                                  .Ret<ffi::Buffer<ffi::U8>>()      // workspace: mask_tile_classes
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                                  .Ret<ffi::Buffer<ffi::U8>>()),    // workspace: mask_tile_classes
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_split, flashjax::fwd_split_impl,
@@ -928,29 +917,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_fwd_varlen_dynamic, flashjax::fwd_varlen_
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent, flashjax::tangent_impl,
-                              flashjax::tangent_operands()
+                              flashjax::with_attrs(flashjax::tangent_operands()
                                   .RemainingArgs()                // sinks, tsinks [Hq] f32 (see OptionalOperands)
                                   .Ret<ffi::AnyBuffer>()          // t_out
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // t_lse [B, Hq, Sq]
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                                  .Ret<ffi::Buffer<ffi::F32>>()),  // t_lse [B, Hq, Sq]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_mask_mod, flashjax::tangent_mask_mod_impl,
-                              flashjax::tangent_operands()
+                              flashjax::with_attrs(flashjax::tangent_operands()
                                   .Arg<ffi::Buffer<ffi::U32>>()   // mask_bits [Bm, Hm, Sq, Wk]
                                   .RemainingArgs()                // sinks, tsinks [Hq] f32 (see OptionalOperands)
                                   .Ret<ffi::AnyBuffer>()          // t_out
                                   .Ret<ffi::Buffer<ffi::F32>>()   // t_lse [B, Hq, Sq]
-                                  .Ret<ffi::Buffer<ffi::U8>>()    // workspace: mask_tile_classes
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                                  .Ret<ffi::Buffer<ffi::U8>>()),  // workspace: mask_tile_classes
                               {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_varlen, flashjax::tangent_varlen_impl,
                               flashjax::with_varlen_attrs(flashjax::tangent_operands()
@@ -962,7 +941,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_tangent_varlen, flashjax::tangent_varlen_
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_jvp, flashjax::jvp_impl,
-                              flashjax::qkv_binding()
+                              flashjax::with_attrs(flashjax::qkv_binding()
                                   .Arg<ffi::AnyBuffer>()          // tq
                                   .Arg<ffi::AnyBuffer>()          // tk
                                   .Arg<ffi::AnyBuffer>()          // tv
@@ -970,12 +949,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_jvp, flashjax::jvp_impl,
                                   .Ret<ffi::AnyBuffer>()          // o
                                   .Ret<ffi::Buffer<ffi::F32>>()   // lse [B, Hq, Sq]
                                   .Ret<ffi::AnyBuffer>()          // t_out
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // t_lse [B, Hq, Sq]
-                                  .Attr<bool>("has_sinks")
-                                  .Attr<float>("softcap")
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<int32_t>("window_left")
-                                  .Attr<int32_t>("window_right"),
+                                  .Ret<ffi::Buffer<ffi::F32>>()),  // t_lse [B, Hq, Sq]
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd, flashjax::bwd_impl, flashjax::with_bwd_attrs(flashjax::bwd_binding()),
