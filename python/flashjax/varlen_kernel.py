@@ -19,8 +19,8 @@ their flag is off: the CUDA lowering then leaves them out of the FFI call, as pr
 d_lse). The token counts and N are the only shapes: no compile depends on the packing. Operands are in the FFI
 targets' order (flashjax_fwd_varlen, flashjax_bwd_varlen; the tangent's lowering reorders its own); the backward's
 workspace exists only inside its lowering, sized by the library's plan (one slab per query head,
-flashjax/workspace.h); so does the forward's tile counter where the plan walks at run time
-(FLASHJAX_SM90_VARLEN_WALK=2: target flashjax_fwd_varlen_dynamic).
+flashjax/workspace.h); so does the forward's tile counter where the plan walks at run time (the sm90 forward's
+default, target flashjax_fwd_varlen_dynamic; FLASHJAX_SM90_VARLEN_WALK=0 or 1: a static walk, no counter).
 
 Autodiff is primitives.py's scheme: fwd_varlen's JVP rule emits tangent_varlen (the sm80 tangent kernel,
 flashjax_tangent_varlen) and its transpose runs bwd_varlen, so jax.grad runs the forward and backward kernels and
@@ -95,18 +95,15 @@ def _plan(ctx, num_offsets, bits=None, *, softcap, window_left, window_right, ha
 
 def _cuda_lowering(ctx, *args, **params):
     """The forward's FFI call: with mask bits the mask-mod target (its tile classes as workspace); else the plain
-    target, or where the plan hands tiles out at run time (FLASHJAX_SM90_VARLEN_WALK=2) the dynamic one with the
-    counter its plan sizes as workspace. The plan is asked for the walk only when the variable is set: the library
-    reads it once per process, and unset it has no workspace."""
+    target, or where the plan hands tiles out at run time (the sm90 forward's default; FLASHJAX_SM90_VARLEN_WALK=0 or
+    1 picks a static walk) the dynamic one with the counter its plan sizes as workspace."""
     if params.get("has_mask_bits"):
         plan = _plan(ctx, ctx.avals_in[3].shape[0], ctx.avals_in[8], **params)
         ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in _FWD_MASK_FFI_ORDER])
         return primitives._ffi_call(_ffi.FWD_VARLEN_MASK_MOD_TARGET, ctx, [args[i] for i in _FWD_MASK_FFI_ORDER],
                                     _FWD_MASK_OPTIONAL, _ffi_params(params),
                                     workspace=primitives._workspace_avals(plan["fwd"]["workspace"]))
-    workspace = []
-    if os.environ.get("FLASHJAX_SM90_VARLEN_WALK"):
-        workspace = _plan(ctx, ctx.avals_in[3].shape[0], **params)["fwd"].get("workspace", [])
+    workspace = _plan(ctx, ctx.avals_in[3].shape[0], **params)["fwd"].get("workspace", [])
     if not workspace:
         return primitives._ffi_call(_ffi.FWD_VARLEN_TARGET, ctx, args, _OPTIONAL, _ffi_params(params))
     return primitives._ffi_call(_ffi.FWD_VARLEN_DYNAMIC_TARGET, ctx, args, _OPTIONAL, _ffi_params(params),

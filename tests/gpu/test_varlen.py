@@ -355,29 +355,30 @@ def test_explain_names_the_varlen_families():
 
 
 def test_dynamic_walk_lowers_to_the_counter_target():
-    """FLASHJAX_SM90_VARLEN_WALK=2 (read once per process): the sm90 forward's lowering carries the tile counter
-    (flashjax_fwd_varlen_dynamic); any other value keeps the plain target."""
+    """The sm90 forward's lowering carries the tile counter of its run-time walk (flashjax_fwd_varlen_dynamic) unless
+    FLASHJAX_SM90_VARLEN_WALK (read once per process) asks for a static walk (0 or 1: the plain target)."""
     if not _sm90_varlen("fwd"):
         pytest.skip("varlen forward not on the sm90 family here")
     q = jnp.zeros((300, 4, 128), jnp.bfloat16)
     cu = jnp.asarray([0, 100, 300], jnp.int32)
     text = jax.jit(lambda q, cu: flashjax.flash_attn_varlen(q, q, q, cu, cu, causal=True, backend="kernel")).lower(
         q, cu).as_text()
-    dynamic = os.environ.get("FLASHJAX_SM90_VARLEN_WALK") == "2"
+    dynamic = os.environ.get("FLASHJAX_SM90_VARLEN_WALK", "2") == "2"
     assert ("@flashjax_fwd_varlen_dynamic(" in text) == dynamic, text
     assert dynamic or "@flashjax_fwd_varlen(" in text, text
 
 
-def test_dynamic_walk_matches_reference():
-    """The forward's run-time walk (FLASHJAX_SM90_VARLEN_WALK=2) on a few random packings, the fixed cases and
-    malformed offsets: this file's own tests in a child process with the setting on (it is read once per process)."""
-    if os.environ.get("FLASHJAX_SM90_VARLEN_WALK") == "2":
-        pytest.skip("this process runs the dynamic walk already")
+def test_round_robin_walk_matches_reference():
+    """The forward's static round-robin walk (FLASHJAX_SM90_VARLEN_WALK=0; the run-time walk is the default) on a few
+    random packings, the fixed cases and malformed offsets: this file's own tests in a child process with the setting
+    (it is read once per process)."""
+    if os.environ.get("FLASHJAX_SM90_VARLEN_WALK", "2") != "2":
+        pytest.skip("this process runs a static walk already")
     if not _sm90_varlen("fwd"):
         pytest.skip("varlen forward not on the sm90 family here")
     import subprocess
     import sys
-    env = dict(os.environ, FLASHJAX_SM90_VARLEN_WALK="2", FLASHJAX_VARLEN_N="12", FLASHJAX_VARLEN_SEED=str(SEED))
+    env = dict(os.environ, FLASHJAX_SM90_VARLEN_WALK="0", FLASHJAX_VARLEN_N="12", FLASHJAX_VARLEN_SEED=str(SEED))
     tests = "random_varlen or fixed_varlen or malformed or nan_in_unused or dynamic_walk_lowers"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", tests],
                          env=env, cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=1800)

@@ -3,9 +3,9 @@
 // so this program has no Python or XLA in it: it links the objects libflashjax.so links, picks each kernel through
 // the library's table and dispatcher (FLASHJAX_DISABLE_FAMILIES honoured the same way), fills FwdParams/BwdParams
 // with the FFI handlers' strides and workspace sizes, and runs forward then backward on short ragged configs, then on
-// packed (varlen) configs with well-formed and malformed offsets. FLASHJAX_SM90_VARLEN_WALK=2 runs the varlen configs'
-// sm90 forward on its run-time walk (the counter workspace allocated as the plan asks, poisoned: the launcher zeroes
-// it).
+// packed (varlen) configs with well-formed and malformed offsets. The varlen configs' sm90 forward runs its run-time
+// walk by default (the counter workspace allocated as the plan asks, poisoned: the launcher zeroes it);
+// FLASHJAX_SM90_VARLEN_WALK=0 or 1 runs the static walks.
 //
 //   flashjax_sanitize              run every config; one line each, ending in ": ok" or ": FAILED <why>"
 //   flashjax_sanitize --only N     run config N only (repeatable)
@@ -437,7 +437,7 @@ void run_forward(Arena& arena, FwdParams& fp, const KernelEntry& kernel, bool ha
   fp.tile_class = choices.tile_class;
   fp.pack_group = choices.pack_group;
   fp.num_splits = choices.num_splits;
-  if (choices.varlen_tile_counter) {  // FLASHJAX_SM90_VARLEN_WALK=2: the counter as the plan sizes it, poisoned
+  if (choices.varlen_tile_counter) {  // the run-time walk: the counter as the plan sizes it, poisoned
     fp.varlen_tile_counter = arena.alloc<int32_t>(flashjax::kVarlenTileCounterInts);
     poison(fp.varlen_tile_counter, 4 * flashjax::kVarlenTileCounterInts);
   }

@@ -38,9 +38,9 @@ inline constexpr SettingInfo kSettings[] = {
     {Setting::kSm90Pdl, "FLASHJAX_SM90_PDL",
      "sm90 forward: '0' launches without programmatic dependent launch (default '1')"},
     {Setting::kSm90VarlenWalk, "FLASHJAX_SM90_VARLEN_WALK",
-     "sm90 varlen forward: '1' gives each CTA a range of equal modelled cost (faster for many short sequences, "
-     "slower for 64 of 1..1024 tokens on the H100: docs/performance.md), '2' hands tiles out at run time from a "
-     "counter (each sequence's blocks heaviest first); default '0', tiles round robin"},
+     "sm90 varlen forward: '2' (default) hands tiles out at run time from a counter (each sequence's blocks "
+     "heaviest first), '1' gives each CTA a range of equal modelled cost, '0' deals tiles round robin "
+     "(docs/performance.md 2.8)"},
     {Setting::kSmemLimitKb, "FLASHJAX_SMEM_LIMIT_KB",
      "cap, in KB, on the shared memory per block dispatch assumes (e.g. '99': an H200 picks the kernels and tiles of "
      "a 99 KB GPU, RTX 4090 / L40 / RTX 5090); unset: the device's own limit"},

@@ -58,14 +58,14 @@ inline FamilyChoices varlen_fwd_choices(int head_dim, const AttnShape& shape, co
   choices.tile_class = static_cast<int32_t>(FwdKeyLoad::kFew);
   choices.block_m = tiles.block_m;
   choices.block_n = tiles.block_n;
-  // FLASHJAX_SM90_VARLEN_WALK=2: tiles handed out at run time from a counter the call's workspace holds
-  // (fwd_varlen_ring.cuh).
-  choices.varlen_tile_counter = setting_int(Setting::kSm90VarlenWalk, 0) == 2;
+  // FLASHJAX_SM90_VARLEN_WALK=2 (the default): tiles handed out at run time from a counter the call's workspace
+  // holds (fwd_varlen_ring.cuh).
+  choices.varlen_tile_counter = setting_int(Setting::kSm90VarlenWalk, 2) == 2;
   if (!query.explain) return choices;
   choices.tile_reason = std::to_string(tiles.block_m) + " x " + std::to_string(tiles.block_n) +
                         " tiles (the varlen kernel's: one tile per (sequence block, query head or GQA group), the "
                         "sequences' lengths being device data" +
-                        (choices.varlen_tile_counter ? "; handed out at run time, FLASHJAX_SM90_VARLEN_WALK=2)" : ")");
+                        (choices.varlen_tile_counter ? "; handed out at run time from a counter)" : ")");
   if (choices.pack_group > 1) {
     choices.packing_reason = "the " + std::to_string(choices.pack_group) +
                              " query heads of a KV head share each varlen tile (mean query length " +

@@ -5,9 +5,9 @@
 // kBlockM) of them (kernels/common/varlen.cuh: sequence b's blocks start at cu_seqlens_q[b] / kBlockM + b), so the
 // walk covers the batch's real blocks plus at most one per sequence, never N x max_seqlen, and only the static
 // shapes (Tq, N, Hq) size it: no compile and no host plan depends on the packing. How the CTAs share the positions
-// is FLASHJAX_SM90_VARLEN_WALK's (VarlenWalk): round robin (default), contiguous ranges of equal modelled cost that
-// each CTA's warps compute from the offsets at kernel start (cta_range, fwd_varlen_balance.cuh), or handed out at
-// run time from a counter (fwd_varlen_ring.cuh). The dynamic walk visits each sequence's row blocks heaviest first
+// is FLASHJAX_SM90_VARLEN_WALK's (VarlenWalk): round robin, contiguous ranges of equal modelled cost that each
+// CTA's warps compute from the offsets at kernel start (cta_range, fwd_varlen_balance.cuh), or (the default) handed
+// out at run time from a counter (fwd_varlen_ring.cuh). The dynamic walk visits each sequence's row blocks heaviest first
 // (the last block of a causal sequence sees the most keys: tile()), so that first-come hand-out approximates
 // longest-job-first while the CTAs running at once still share one sequence's K/V (L2). A tile resolves its
 // sequence on the device by binary search (every warp that walks it: the producer's two and each consumer
@@ -121,11 +121,11 @@ struct FwdVarlenTileSchedulerSm90 {
     params.total_k = shape.seqlen_k;
     params.window_left = shape.window_left;
     params.window_right = shape.window_right;
-    // Round robin unless asked: the balanced ranges measured slower on 64 sequences of 1..1024 tokens (cost 1.57 vs
-    // 1.45 against the dense call, H100), faster on 1000 of 0..512 (0.98 vs 1.11): docs/performance.md 2.8.
-    // The dynamic walk only where the call brought a counter (a lowering for another setting, or an exported
-    // artifact of the plain target, has none): round robin then.
-    const int asked = setting_int(Setting::kSm90VarlenWalk, 0);
+    // The dynamic walk by default: it measured cost 1.30 / 0.85 against the dense call (64 sequences of 1..1024
+    // tokens / 1000 of 0..512, H100) where round robin took 1.46 / 1.06 and the balanced ranges 1.57 / 0.98
+    // (docs/performance.md 2.8). Only where the call brought a counter (a lowering for another setting, or an
+    // exported artifact of the plain target, has none): round robin then.
+    const int asked = setting_int(Setting::kSm90VarlenWalk, 2);
     params.walk = asked == 1                             ? VarlenWalk::kBalanced
                   : asked == 2 && tile_counter != nullptr ? VarlenWalk::kDynamic
                                                           : VarlenWalk::kRoundRobin;
