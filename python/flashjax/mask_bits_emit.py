@@ -18,6 +18,7 @@ loads across the warp votes of the loop.
 
 from __future__ import annotations
 
+from flashjax.mask_box_emit import emit_box_function
 from flashjax.mask_emit import DEFAULT_FUNCTION_NAME, cxx_type, emit_nodes, table_definitions
 from flashjax.mask_graph import ConstTable, MaskGraph
 
@@ -158,7 +159,10 @@ def bits_kernel_source(graph: MaskGraph, kernel_name: str, function_name: str = 
     One warp owns BITS_ROWS_PER_WARP query rows by 32 consecutive words. Lane l evaluates key 32 * w + l, so a
     field read indexed by kv is one coalesced load per word and a ballot packs the word; the row parts are
     computed once per task, the column part once per key for all the rows, and only the mixed terms (pair) per
-    (q, kv): the words of the three are joined by the output's and / or at the store. Lane i keeps word i of each
+    (q, kv): the words of the three are joined by the output's and / or at the store. Before any of that, lane i
+    evaluates the mod over its word's box (the task's rows x 32 keys) by interval arithmetic (mask_box_emit): a word
+    the box settles is stored as all ones or all zeros, and only the unsettled words are evaluated point by point
+    (a band or a document mask settles all but the words its edges cross). Lane i keeps word i of each
     row, so each row's 32 words go out as one coalesced 128-byte store. (A thread that built its own word from 32
     keys would hoist the same, but each of its warp's kv-indexed loads would touch 32 cache lines.) The warps walk
     (b, h, row group, word chunk) tasks in a grid-stride loop, so a capped grid covers any size; the host
@@ -168,6 +172,7 @@ def bits_kernel_source(graph: MaskGraph, kernel_name: str, function_name: str = 
         raise ValueError(f"kernel_name must be a C identifier, got {kernel_name!r}")
     name = function_name
     split, op = emit_split_predicate(graph, function_name)
+    split += emit_box_function(graph, function_name)
     join = "&" if op == "and" else "|"
     return split + f"""
 extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}(
@@ -189,15 +194,20 @@ extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}
     const int b = bh / heads, h = bh % heads;
     const int w0 = chunk * 32;
     const int chunk_words = min(32, words - w0);
-    {name}_row_values rows[kRows];
-    unsigned int row_bits[kRows];
+    // Lane i's word covers this task's rows x keys 32 (w0 + i) ..+31: where the mod's value over that box is
+    // settled (all false or all true, by interval arithmetic: {name}_box), no point of it is evaluated.
+    const int box = lane < chunk_words
+        ? {name}_box(b, h, q0, q0 + kRows - 1, (w0 + lane) * 32, (w0 + lane) * 32 + 31, f) : FJM_BOX_FALSE;
+    const unsigned int unsettled = __ballot_sync(0xffffffffu, box == FJM_BOX_MIXED);
+    {name}_row_values rows[kRows] = {{}};
+    unsigned int row_bits[kRows] = {{}};
     unsigned int col_bits = 0u;  // lane i: word i of the column terms
+    if (unsettled != 0u) {{
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {{
-      rows[r] = {name}_row(b, h, q0 + r, f);  // rows past seqlen_q are evaluated (reads clamp), never stored
-      row_bits[r] = 0u;
+      for (int r = 0; r < kRows; ++r) rows[r] = {name}_row(b, h, q0 + r, f);  // past seqlen_q: never stored
     }}
     for (int i = 0; i < chunk_words; ++i) {{
+      if (((unsettled >> i) & 1u) == 0u) continue;  // warp-uniform: the ballots below need the whole warp
       const int kv = (w0 + i) * 32 + lane;
       const {name}_col_values col = {name}_col(b, h, kv, f);
       const unsigned int col_word = __ballot_sync(0xffffffffu, col.term);
@@ -216,12 +226,13 @@ extern "C" __global__ void __launch_bounds__({BITS_BLOCK_THREADS}) {kernel_name}
       const int valid = seqlen_k - (w0 + lane) * 32;
       const unsigned int keep = valid >= 32 ? 0xffffffffu : (1u << valid) - 1u;
       const long long row0 = (long long)bh * seqlen_q + q0;
+      const unsigned int settled_word = box == FJM_BOX_TRUE ? 0xffffffffu : 0u;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {{
         // The row terms are one value per row (b, h, q are the warp's): a whole word each.
-        const unsigned int row_word = rows[r].term ? 0xffffffffu : 0u;
-        const unsigned int word = (row_bits[r] {join} col_bits {join} row_word) & keep;
-        if (q0 + r < seqlen_q) bits[(row0 + r) * words + w0 + lane] = word;
+        const unsigned int word = box != FJM_BOX_MIXED
+            ? settled_word : (row_bits[r] {join} col_bits {join} (rows[r].term ? 0xffffffffu : 0u));
+        if (q0 + r < seqlen_q) bits[(row0 + r) * words + w0 + lane] = word & keep;
       }}
     }}
   }}

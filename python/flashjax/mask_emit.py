@@ -21,7 +21,7 @@ from flashjax.mask_graph import INDEX_NAMES, ConstTable, MaskGraph, Node
 from flashjax.mask_ops import CXX_HELPERS, OPS, cxx_int_literal
 from flashjax.mask_trace import MAX_FIELD_RANK, MAX_FIELDS
 
-__all__ = ["ABI_SOURCE", "DEFAULT_FUNCTION_NAME", "emit_mask_mod_source", "emit_nodes", "table_definitions",
+__all__ = ["ABI_SOURCE", "DEFAULT_FUNCTION_NAME", "emit_mask_mod_source", "emit_nodes", "table_definitions", "table_read",
            "cxx_type", "probe_kernel_source"]
 
 DEFAULT_FUNCTION_NAME = "flashjax_mask_mod"
@@ -68,7 +68,7 @@ def _table_definition(name: str, table: ConstTable) -> str:
     return f"static __device__ const int {name}[{len(table.values)}] = {{{values}}};  // shape {list(table.shape)}"
 
 
-def _table_read(name: str, table: ConstTable, indices: list[str]) -> str:
+def table_read(name: str, table: ConstTable, indices: list[str]) -> str:
     strides = [1] * len(table.shape)
     for d in range(len(table.shape) - 2, -1, -1):
         strides[d] = strides[d + 1] * table.shape[d + 1]
@@ -96,7 +96,7 @@ def emit_nodes(graph: MaskGraph, node_ids, expressions: dict[int, str], tables: 
             expression = f"fjm_read(f.field[{node.attr}], {', '.join(padded)})"
         elif node.op == "table":
             table_name = tables.setdefault(node.attr, f"{table_prefix}_table{len(tables)}")
-            expression = _table_read(table_name, node.attr, args)
+            expression = table_read(table_name, node.attr, args)
         else:
             arg_dtypes = tuple(graph.nodes[a].dtype for a in node.args)
             expression = OPS[node.op].cxx(arg_dtypes, tuple(args))

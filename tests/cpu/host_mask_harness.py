@@ -86,3 +86,42 @@ def run_on_host(cases: list[HostCase], workdir: Path) -> list[np.ndarray]:
     rows = result.stdout.split("\n")
     return [np.frombuffer(row.encode(), np.uint8).reshape([len(i) for i in case.indices]) == ord("1")
             for row, case in zip(rows, cases)]
+
+
+@dataclasses.dataclass(frozen=True)
+class BoxCase:
+    source: str  # a generated predicate module followed by its box function (flashjax.mask_box_emit)
+    function_name: str  # the predicate's; the box function is <function_name>_box
+    fields: tuple  # int32 numpy arrays, graph order
+    boxes: np.ndarray  # int32 [n, 6]: b, h, q_lo, q_hi, kv_lo, kv_hi
+
+
+def run_boxes_on_host(cases: list[BoxCase], workdir: Path) -> list[np.ndarray]:
+    """Each case's box classes, int [n] (FJM_BOX_FALSE / _MIXED / _TRUE), computed by the emitted C++ under the
+    sanitizers."""
+    lines = ["#include <cstdio>", "#define __device__", "#define __forceinline__ inline"]
+    lines += [case.source for case in cases]
+    for k, case in enumerate(cases):
+        lines += [_array(f"box{k}_field{j}", f) for j, f in enumerate(case.fields)]
+        lines.append(_array(f"box{k}_boxes", np.asarray(case.boxes, np.int32)))
+        lines.append(f"static void run_box{k}() {{")
+        lines.append("  FlashjaxMaskFields f = {};")
+        lines += [f"  f.field[{j}] = {_field_initializer(f'box{k}_field{j}', np.asarray(v))};"
+                  for j, v in enumerate(case.fields)]
+        lines.append(f"  for (int i = 0; i < {len(case.boxes)}; ++i) {{")
+        lines.append(f"    const int* x = box{k}_boxes + 6 * i;")
+        lines.append(f"    putchar('0' + {case.function_name}_box(x[0], x[1], x[2], x[3], x[4], x[5], f));")
+        lines += ["  }", "  putchar('\\n');", "}"]
+    lines += ["int main() {", *[f"  run_box{k}();" for k in range(len(cases))], "  return 0;", "}"]
+    source, binary = workdir / "host_boxes.cpp", workdir / "host_boxes"
+    source.write_text("\n".join(lines) + "\n")
+    build = subprocess.run([compiler(), "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter",
+                            "-Wno-unused-function", *SANITIZERS, str(source), "-o", str(binary)],
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        raise AssertionError(f"g++ rejected the generated box functions ({source}):\n{build.stderr[-4000:]}")
+    result = subprocess.run([str(binary)], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise AssertionError(f"host box program failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return [np.frombuffer(row.encode(), np.uint8).astype(int) - ord("0")
+            for row, _ in zip(result.stdout.split("\n"), cases)]

@@ -170,8 +170,12 @@ def test_the_split_predicate_is_the_predicate_on_the_host(tmp_path):
     ("branches", (2, 2, 40, 1100), 5),  # two word chunks per row, the second partial
     ("global_local", (1, 1, 1, 31), 1),  # an or with row, column and mixed terms
     ("prefix_lm", (B, H, 20, 45), 2),  # an or: a column term and a mixed one
+    ("sliding_window", (1, 1, 70, 1100), 3),  # most words settled by their box (all false), a few evaluated
+    ("causal", (1, 1, 50, 1100), 2),  # settled words all true below the diagonal, all false above it
+    ("document_one_row", (B, H, 40, 700), 2),  # keys past the ids read their last id: settled true and false words
     *((case.name, (B, H, 18, 40), 2) for case in examples.CASES if case.name not in (
-        "document", "head_offsets_one_row", "floor_div_mod", "branches", "global_local", "prefix_lm")),
+        "document", "head_offsets_one_row", "floor_div_mod", "branches", "global_local", "prefix_lm", "sliding_window",
+        "causal", "document_one_row")),
 ])
 def test_the_bits_kernel_writes_the_reference_on_a_host_warp_emulator(name, sizes, blocks, tmp_path):
     """The CUDA kernel's text, run on the host with emulated warps, writes exactly the interpreter's words (bits
