@@ -66,26 +66,28 @@ struct StreamLaunch {
 // (fwd_tile_scheduler.cuh: tens of microseconds), the same plan for every call of one shape, so each kernel
 // configuration remembers the plans of its last kCachedShapes shapes (a training step calls few shapes).
 template <typename Scheduler, typename QueryTiling>
-typename Scheduler::Params scheduler_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms) {
+typename Scheduler::Params scheduler_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms,
+                                            bool mask_mod) {
   struct Key {
     int seqlen_q, seqlen_k, window_left, window_right, heads_q, batch, num_sms, group;
+    bool mask_mod;
     bool operator==(const Key& o) const {
       return seqlen_q == o.seqlen_q && seqlen_k == o.seqlen_k && window_left == o.window_left &&
              window_right == o.window_right && heads_q == o.heads_q && batch == o.batch && num_sms == o.num_sms &&
-             group == o.group;
+             group == o.group && mask_mod == o.mask_mod;
     }
   };
   constexpr size_t kCachedShapes = 16;
   static std::mutex mutex;
   static std::vector<std::pair<Key, typename Scheduler::Params>> cache;  // oldest first
   const Key key{shape.seqlen_q, shape.seqlen_k, shape.window_left, shape.window_right,
-                shape.heads_q,  shape.batch,    num_sms,           tiling.group};
+                shape.heads_q,  shape.batch,    num_sms,           tiling.group, mask_mod};
   std::lock_guard<std::mutex> lock(mutex);
   for (const auto& [cached_key, cached] : cache) {
     if (cached_key == key) return cached;
   }
   if (cache.size() == kCachedShapes) cache.erase(cache.begin());
-  cache.push_back({key, Scheduler::to_params(shape, tiling, num_sms)});
+  cache.push_back({key, Scheduler::to_params(shape, tiling, num_sms, mask_mod)});
   return cache.back().second;
 }
 
@@ -113,7 +115,7 @@ cudaError_t launch_kernel(const FwdParams& params, int group, cudaStream_t strea
     if constexpr (Kernel::kVarlen) {
       return Scheduler::to_params(walk, tiling, num_sms, params.varlen_tile_counter);
     } else {
-      return scheduler_params<Scheduler>(walk, tiling, num_sms);
+      return scheduler_params<Scheduler>(walk, tiling, num_sms, Kernel::kMaskMod);
     }
   }();
   if (scheduler.num_tiles == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write

@@ -84,8 +84,13 @@ struct FwdTileSchedulerSm90 {
 
   // num_tiles = 0 when there is no work (Sq = 0, B = 0 or Hq = 0); -1 when the tile count overflows int32.
   // tiling: FwdQueryTiling<kBlockM, packed or not>, the rows of a tile.
+  // mask_mod: the tiles walk a mask mod's block lists, whose lengths are device data. Where the band leaves work
+  // even, the mod's may still grow along m (a prefix-LM or a causal mod without causal=True: the common shapes),
+  // so the last m-block goes first, and the tiles go out in pairs of both ends, which balances work linear in m
+  // in either direction, wherever pairs take no more rounds than single tiles (else an even mod would pay for
+  // the coarser unit). No tail plan: its costs would be the band's, not the mod's.
   template <typename QueryTiling>
-  static Params to_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms) {
+  static Params to_params(const AttnShape& shape, const QueryTiling& tiling, int num_sms, bool mask_mod = false) {
     Params params{};
     const int num_m_blocks = tiling.num_m_blocks();
     const int heads = shape.heads_q / tiling.group;
@@ -99,8 +104,15 @@ struct FwdTileSchedulerSm90 {
     if (num_m_blocks > 0) {
       const int first_blocks = blocks_of(0);
       const int last_blocks = blocks_of(num_m_blocks - 1);
-      params.last_m_block_first = last_blocks > first_blocks;
+      params.last_m_block_first = last_blocks > first_blocks || (mask_mod && last_blocks == first_blocks);
       uneven = last_blocks != first_blocks;
+    }
+    const bool planned_tail = uneven;
+    if (mask_mod && !uneven) {
+      const int64_t grid = std::min<int64_t>(num_tiles, num_sms);
+      const int64_t pair_grid = std::min<int64_t>((num_tiles + 1) / 2, num_sms);
+      uneven = grid > 0 && pair_grid > 0 &&
+               2 * common::ceil_div((num_tiles + 1) / 2, pair_grid) <= common::ceil_div(num_tiles, grid);
     }
     params.num_m_blocks = num_m_blocks;
     params.heads = heads;
@@ -111,7 +123,7 @@ struct FwdTileSchedulerSm90 {
     params.paired = uneven && num_tiles >= 2 * int64_t(num_sms);
     const int units = params.paired ? (params.num_tiles + 1) / 2 : params.num_tiles;
     params.grid = std::min(units, num_sms);
-    if (uneven && num_tiles > num_sms && num_tiles <= kMaxPlannedTiles && num_sms <= kMaxPlannedCtas &&
+    if (planned_tail && num_tiles > num_sms && num_tiles <= kMaxPlannedTiles && num_sms <= kMaxPlannedCtas &&
         num_m_blocks <= kMaxTailTiles) {
       plan_tail(params, num_sms, blocks_of);
     }
