@@ -111,8 +111,8 @@ struct FwdTileSchedulerSm90 {
     if (mask_mod && !uneven) {
       const int64_t grid = std::min<int64_t>(num_tiles, num_sms);
       const int64_t pair_grid = std::min<int64_t>((num_tiles + 1) / 2, num_sms);
-      uneven = grid > 0 && pair_grid > 0 &&
-               2 * common::ceil_div((num_tiles + 1) / 2, pair_grid) <= common::ceil_div(num_tiles, grid);
+      const auto rounds = [](int64_t units, int64_t ctas) { return (units + ctas - 1) / ctas; };
+      uneven = grid > 0 && pair_grid > 0 && 2 * rounds((num_tiles + 1) / 2, pair_grid) <= rounds(num_tiles, grid);
     }
     params.num_m_blocks = num_m_blocks;
     params.heads = heads;
