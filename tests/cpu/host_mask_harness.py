@@ -71,19 +71,25 @@ def program_source(cases: list[HostCase]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_on_host(cases: list[HostCase], workdir: Path) -> list[np.ndarray]:
-    """Each case's predicate values, bool [nb, nh, nq, nk]; raises with the sanitizer's report on any UB."""
-    source, binary = workdir / "host_masks.cpp", workdir / "host_masks"
-    source.write_text(program_source(cases))
+def _compile_and_run(program: str, workdir: Path, stem: str, what: str) -> list[str]:
+    """The program's stdout lines, compiled by g++ under the sanitizers; raises with the compiler's or the
+    sanitizer's report."""
+    source, binary = workdir / f"{stem}.cpp", workdir / stem
+    source.write_text(program)
     build = subprocess.run([compiler(), "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter",
                             "-Wno-unused-function", *SANITIZERS, str(source), "-o", str(binary)],
                            capture_output=True, text=True)
     if build.returncode != 0:
-        raise AssertionError(f"g++ rejected the generated predicates ({source}):\n{build.stderr[-4000:]}")
+        raise AssertionError(f"g++ rejected the generated {what} ({source}):\n{build.stderr[-4000:]}")
     result = subprocess.run([str(binary)], capture_output=True, text=True)
     if result.returncode != 0:
-        raise AssertionError(f"host predicate program failed ({result.returncode}):\n{result.stderr[-4000:]}")
-    rows = result.stdout.split("\n")
+        raise AssertionError(f"host {what} program failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result.stdout.split("\n")
+
+
+def run_on_host(cases: list[HostCase], workdir: Path) -> list[np.ndarray]:
+    """Each case's predicate values, bool [nb, nh, nq, nk]; raises with the sanitizer's report on any UB."""
+    rows = _compile_and_run(program_source(cases), workdir, "host_masks", "predicates")
     return [np.frombuffer(row.encode(), np.uint8).reshape([len(i) for i in case.indices]) == ord("1")
             for row, case in zip(rows, cases)]
 
@@ -113,15 +119,5 @@ def run_boxes_on_host(cases: list[BoxCase], workdir: Path) -> list[np.ndarray]:
         lines.append(f"    putchar('0' + {case.function_name}_box(x[0], x[1], x[2], x[3], x[4], x[5], f));")
         lines += ["  }", "  putchar('\\n');", "}"]
     lines += ["int main() {", *[f"  run_box{k}();" for k in range(len(cases))], "  return 0;", "}"]
-    source, binary = workdir / "host_boxes.cpp", workdir / "host_boxes"
-    source.write_text("\n".join(lines) + "\n")
-    build = subprocess.run([compiler(), "-std=c++17", "-O1", "-Wall", "-Werror", "-Wno-unused-parameter",
-                            "-Wno-unused-function", *SANITIZERS, str(source), "-o", str(binary)],
-                           capture_output=True, text=True)
-    if build.returncode != 0:
-        raise AssertionError(f"g++ rejected the generated box functions ({source}):\n{build.stderr[-4000:]}")
-    result = subprocess.run([str(binary)], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise AssertionError(f"host box program failed ({result.returncode}):\n{result.stderr[-4000:]}")
-    return [np.frombuffer(row.encode(), np.uint8).astype(int) - ord("0")
-            for row, _ in zip(result.stdout.split("\n"), cases)]
+    rows = _compile_and_run("\n".join(lines) + "\n", workdir, "host_boxes", "box functions")
+    return [np.frombuffer(row.encode(), np.uint8).astype(int) - ord("0") for row, _ in zip(rows, cases)]

@@ -47,17 +47,23 @@ def _boxes(rng: np.random.Generator, extremes: bool) -> np.ndarray:
     return np.stack([b, h, q[:, 0], q[:, 1], kv[:, 0], kv[:, 1]], axis=1).astype(np.int32)
 
 
-def test_box_classes_are_sound_and_exact_where_the_kernels_need_them(tmp_path):
-    rng = np.random.default_rng(38)
+def _box_cases(rng: np.random.Generator, prefix: str, boxes_of) -> list[tuple]:
+    """(case, graph, fields, boxes, host.BoxCase) for every example mod; boxes_of(rng, case, graph, fields)."""
     built = []
     for k, case in enumerate(examples.CASES):
         mod = case.make(rng)
-        name = f"box_{k}_{case.name}"
+        name = f"{prefix}_{k}_{case.name}"
         generated = generate_mask_mod(mod, function_name=name)
         fields = tuple(np.asarray(x) for x in mask_field_operands(mod))
-        boxes = _boxes(rng, case.extremes)
-        built.append((case, generated.graph, fields, boxes,
-                      host.BoxCase(generated.source + emit_box_function(generated.graph, name), name, fields, boxes)))
+        boxes = boxes_of(rng, case)
+        source = generated.source + emit_box_function(generated.graph, name)
+        built.append((case, generated.graph, fields, boxes, host.BoxCase(source, name, fields, boxes)))
+    return built
+
+
+def test_box_classes_are_sound_and_exact_where_the_kernels_need_them(tmp_path):
+    rng = np.random.default_rng(38)
+    built = _box_cases(rng, "box", lambda rng, case: _boxes(rng, case.extremes))
     classes = host.run_boxes_on_host([b[-1] for b in built], tmp_path)
     settled_any = 0
     for (case, graph, fields, boxes, _), got in zip(built, classes):
@@ -84,18 +90,14 @@ def test_a_box_of_one_point_is_the_predicate(tmp_path):
     """Where every index is a single value the box computes each node with the predicate's own C++: never mixed,
     and the predicate's value (int32 ends included)."""
     rng = np.random.default_rng(7)
-    built = []
-    for k, case in enumerate(examples.CASES):
-        mod = case.make(rng)
-        name = f"point_{k}_{case.name}"
-        generated = generate_mask_mod(mod, function_name=name)
-        fields = tuple(np.asarray(x) for x in mask_field_operands(mod))
+
+    def single_points(rng, case):
         b, h, q, kv = (np.asarray(x).reshape(-1) for x in examples.index_grid(rng, case.extremes))
-        pick = lambda values: rng.choice(values, size=120)  # noqa: E731
-        points = np.stack([pick(b), pick(h), pick(q), pick(kv)], axis=1).astype(np.int32)
-        boxes = points[:, [0, 1, 2, 2, 3, 3]]
-        truth = [bool(evaluate_mask_graph(generated.graph, *(np.int32(x) for x in p), list(fields))) for p in points]
-        built.append((case, truth, host.BoxCase(generated.source + emit_box_function(generated.graph, name), name,
-                                                fields, boxes)))
-    for (case, truth, _), got in zip(built, host.run_boxes_on_host([b[-1] for b in built], tmp_path)):
+        points = np.stack([rng.choice(axis, size=120) for axis in (b, h, q, kv)], axis=1).astype(np.int32)
+        return points[:, [0, 1, 2, 2, 3, 3]]
+
+    built = _box_cases(rng, "point", single_points)
+    for (case, graph, fields, boxes, _), got in zip(built, host.run_boxes_on_host([b[-1] for b in built], tmp_path)):
+        truth = [bool(evaluate_mask_graph(graph, *(np.int32(x) for x in box[[0, 1, 2, 4]]), list(fields)))
+                 for box in boxes]
         np.testing.assert_array_equal(got, np.where(truth, BOX_TRUE, BOX_FALSE), err_msg=case.name)
