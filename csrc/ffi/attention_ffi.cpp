@@ -629,9 +629,6 @@ ffi::Error bwd_varlen_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::A
                         softmax_scale, window_left, window_right, &mask_bits, &tile_classes);
 }
 
-// What both tangent targets share once the shape is filled: every tangent shaped like its primal (the kernel reads
-// it with its primal's strides), lse and t_lse holding one value per query row, the pointers. lse_shape names the
-// layout for the error ("[B, Hq, Sq]", varlen's "[Hq, Tq]").
 // Whether a tangent (or an output) is shaped like its primal: same dtype, element count and rank (the kernels read it
 // with the primal's strides).
 bool shaped_like(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
@@ -649,28 +646,48 @@ ffi::Error take_sinks_and_tangents(const ffi::RemainingArgs& optional, bool has_
   return slots.finish();
 }
 
-ffi::Error fill_tangent_operands(TangentParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                                 const ffi::AnyBuffer& v, const ffi::AnyBuffer& o, ffi::Buffer<ffi::F32>& lse,
-                                 const ffi::AnyBuffer& tq, const ffi::AnyBuffer& tk, const ffi::AnyBuffer& tv,
-                                 ffi::Result<ffi::AnyBuffer>& t_out, ffi::Result<ffi::Buffer<ffi::F32>>& t_lse,
-                                 const char* lse_shape) {
-  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
-  if (!shaped_like(o, q) || !shaped_like(tq, q) || !shaped_like(tk, k) || !shaped_like(tv, v) ||
-      t_out->element_type() != q.element_type() || t_out->element_count() != q.element_count() ||
-      lse.element_count() != rows || t_lse->element_count() != rows) {
-    return invalid("tangent operands must be shaped like their primals: o, tq and t_out like q " +
-                   dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse " + lse_shape);
+// Whether an output XLA allocates is shaped like q: same dtype and element count.
+bool sized_like(const ffi::Result<ffi::AnyBuffer>& out, const ffi::AnyBuffer& q) {
+  return out->element_type() == q.element_type() && out->element_count() == q.element_count();
+}
+
+// What the tangent targets and the fused jvp share once the shape is filled: each tangent shaped like its primal,
+// t_out like q and t_lse one value per query row, and the pointers of q, k, v, the tangents, t_out and t_lse. o and
+// lse are the tangent's inputs but the jvp's outputs: each caller checks and sets its own.
+template <typename Params>
+bool fill_tangent_pointers(Params& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
+                           const ffi::AnyBuffer& tq, const ffi::AnyBuffer& tk, const ffi::AnyBuffer& tv,
+                           ffi::Result<ffi::AnyBuffer>& t_out, ffi::Result<ffi::Buffer<ffi::F32>>& t_lse) {
+  if (!shaped_like(tq, q) || !shaped_like(tk, k) || !shaped_like(tv, v) || !sized_like(t_out, q) ||
+      t_lse->element_count() != static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q) {
+    return false;
   }
   p.q = q.untyped_data();
   p.k = k.untyped_data();
   p.v = v.untyped_data();
-  p.o = o.untyped_data();
-  p.lse = lse.typed_data();
   p.tq = tq.untyped_data();
   p.tk = tk.untyped_data();
   p.tv = tv.untyped_data();
   p.t_out = t_out->untyped_data();
   p.t_lse = t_lse->typed_data();
+  return true;
+}
+
+// Both tangent targets' operands (fill_tangent_pointers, then o like q and lse one value per query row). lse_shape
+// names the layout for the error ("[B, Hq, Sq]", varlen's "[Hq, Tq]").
+ffi::Error fill_tangent_operands(TangentParams& p, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                                 const ffi::AnyBuffer& v, const ffi::AnyBuffer& o, ffi::Buffer<ffi::F32>& lse,
+                                 const ffi::AnyBuffer& tq, const ffi::AnyBuffer& tk, const ffi::AnyBuffer& tv,
+                                 ffi::Result<ffi::AnyBuffer>& t_out, ffi::Result<ffi::Buffer<ffi::F32>>& t_lse,
+                                 const char* lse_shape) {
+  // lse against t_lse, whose count fill_tangent_pointers checked.
+  if (!fill_tangent_pointers(p, q, k, v, tq, tk, tv, t_out, t_lse) || !shaped_like(o, q) ||
+      lse.element_count() != t_lse->element_count()) {
+    return invalid("tangent operands must be shaped like their primals: o, tq and t_out like q " +
+                   dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse " + lse_shape);
+  }
+  p.o = o.untyped_data();
+  p.lse = lse.typed_data();
   return ffi::Error::Success();
 }
 
@@ -765,25 +782,15 @@ ffi::Error jvp_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi:
   if (auto err = fill_shape(p, q, k, v, softmax_scale, softcap, window_left, window_right); err.failure()) {
     return err;
   }
-  const size_t rows = static_cast<size_t>(p.batch) * p.heads_q * p.seqlen_q;
-  if (!shaped_like(tq, q) || !shaped_like(tk, k) || !shaped_like(tv, v) || o->element_type() != q.element_type() ||
-      o->element_count() != q.element_count() || t_out->element_type() != q.element_type() ||
-      t_out->element_count() != q.element_count() || lse->element_count() != rows ||
-      t_lse->element_count() != rows) {
+  // lse against t_lse, whose count fill_tangent_pointers checked.
+  if (!fill_tangent_pointers(p, q, k, v, tq, tk, tv, t_out, t_lse) || !sized_like(o, q) ||
+      lse->element_count() != t_lse->element_count()) {
     return invalid("jvp operands must be shaped like their primals: tq, out and t_out like q " +
                    dims_str(q.dimensions()) + ", tk like k, tv like v, lse and t_lse [B, Hq, Sq]");
   }
   if (auto err = take_sinks_and_tangents(optional, has_sinks, p); err.failure()) return err;
-  p.q = q.untyped_data();
-  p.k = k.untyped_data();
-  p.v = v.untyped_data();
-  p.tq = tq.untyped_data();
-  p.tk = tk.untyped_data();
-  p.tv = tv.untyped_data();
   p.o = o->untyped_data();
   p.lse = lse->typed_data();
-  p.t_out = t_out->untyped_data();
-  p.t_lse = t_lse->typed_data();
   const PassPlan plan = plan_for(ordinal, Direction::kJvp, p, has_sinks, /*num_splits=*/1, /*explain=*/false);
   return launch(plan, p, stream);
 }

@@ -20,24 +20,22 @@
 #include "flashjax/params.h"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/sm90/jvp_mainloop.cuh"
+#include "kernels/sm90/tangent_epilogue.cuh"
 #include "kernels/sm90/tangent_named_barriers.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
 template <typename Mainloop>
-struct JvpEpilogueSm90 {
-  using Element = typename Mainloop::Element;
-  using WgRows = typename Mainloop::WgRows;
-  using HeadDim = typename Mainloop::HeadDim;
-  using SmemLayoutO = typename Mainloop::SmemLayoutQHalf;
-  static constexpr int kConsumerWarpgroups = Mainloop::kConsumerWarpgroups;
-  static constexpr int kRowsPerWarpgroup = Mainloop::kRowsPerWarpgroup;
-
-  using GmemTensorO = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)),
-                                                 typename Mainloop::ShapeSDHB{}, typename Mainloop::StrideSDHB{}));
-  using TmaStoreO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensorO{}, SmemLayoutO{},
-                                                 cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+struct JvpEpilogueSm90 : TangentEpilogueBase<Mainloop> {
+  using Base = TangentEpilogueBase<Mainloop>;
+  using typename Base::Element;
+  using typename Base::WgRows;
+  using typename Base::HeadDim;
+  using typename Base::SmemLayoutO;
+  using typename Base::TmaStoreO;
+  using Base::kConsumerWarpgroups;
+  using Base::kRowsPerWarpgroup;
   // stmatrix: the forward's staging copy (fwd_epilogue.cuh), 16-byte rows of 8x8 tiles without bank conflicts.
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
@@ -53,25 +51,15 @@ struct JvpEpilogueSm90 {
   };
 
   static Params to_params(const JvpParams& p) {
-    using namespace cute;
-    const typename Mainloop::ShapeSDHB shape_o{p.seqlen_q, Mainloop::kHeadDim, p.heads_q, p.batch};
-    const typename Mainloop::StrideSDHB stride_o{p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride};
-    Tensor m_o = make_tensor(make_gmem_ptr(static_cast<Element*>(p.o)), shape_o, stride_o);
-    Tensor m_t_out = make_tensor(make_gmem_ptr(static_cast<Element*>(p.t_out)), shape_o, stride_o);
-    return {make_tma_copy(SM90_TMA_STORE{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_STORE{}, m_t_out, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
-            shape_o,
+    return {Base::tma_store_o(p, p.o),
+            Base::tma_store_o(p, p.t_out),
+            Base::shape_o(p),
             p.lse,
             p.t_lse,
             p.lse_batch_stride,
             p.lse_head_stride,
             p.sinks,
             p.tsinks};
-  }
-
-  __device__ static void prefetch_tma_descriptors(const Params& params) {
-    cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_t_out.get_tma_descriptor());
   }
 
   // acc_o, acc_t: O and tO (64 x D, this thread's part, relative to stats' row max; zero on a tile without blocks);
@@ -135,14 +123,8 @@ struct JvpEpilogueSm90 {
     cutlass::arch::NamedBarrier::sync(128, TangentNamedBarrier::epilogue(warpgroup));
     const int half = m_block * kConsumerWarpgroups + warpgroup;
     if (thread_in_wg == 0) {
-      auto store_half = [&](const TmaStoreO& tma, auto& smem) {
-        Tensor g = local_tile(tma.get_tma_tensor(params.shape_o)(_, _, head_q, batch), Shape<WgRows, HeadDim>{},
-                              make_coord(half, _0{}));
-        auto slice = tma.get_slice(_0{});
-        copy(tma, slice.partition_S(smem), slice.partition_D(g));
-      };
-      store_half(params.tma_o, s_o);
-      store_half(params.tma_t_out, s_t);
+      Base::store_half(params.tma_o, params.shape_o, s_o, half, head_q, batch);
+      Base::store_half(params.tma_t_out, params.shape_o, s_t, half, head_q, batch);
       tma_store_arrive();
     }
 

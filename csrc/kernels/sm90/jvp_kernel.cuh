@@ -14,7 +14,6 @@
 #include "flashjax/params.h"
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/softcap.cuh"
-#include "kernels/sm80/fwd_tile_scheduler.cuh"
 #include "kernels/sm90/jvp_epilogue.cuh"
 #include "kernels/sm90/jvp_mainloop.cuh"
 #include "kernels/sm90/jvp_tile_sizes.cuh"
@@ -22,38 +21,15 @@
 
 namespace flashjax::sm90 {
 
+// The tangent kernel's CTA (TangentCtaSm90) around the jvp's mainloop and epilogue.
 template <typename Element, int kHeadDim, bool kSoftcap>
-struct JvpKernelSm90 {
+struct JvpKernelSm90
+    : TangentCtaSm90<JvpMainloopSm90<Element, kHeadDim, jvp_tile_sizes(kHeadDim).block_n,
+                                     jvp_tile_sizes(kHeadDim).stages_k, jvp_tile_sizes(kHeadDim).stages_v, kSoftcap>,
+                     JvpEpilogueSm90> {
   static_assert(kHeadDim <= kJvpMaxHeadDim, "O and its tangent do not fit the registers past D 128");
-  static constexpr TangentTileSizes kTile = jvp_tile_sizes(kHeadDim);
-  using Mainloop = JvpMainloopSm90<Element, kHeadDim, kTile.block_n, kTile.stages_k, kTile.stages_v, kSoftcap>;
-  using Epilogue = JvpEpilogueSm90<Mainloop>;
-  static constexpr int kBlockM = Mainloop::kBlockM;
-  static constexpr int kBlockN = Mainloop::kBlockN;
-  static_assert(kBlockM == kTile.block_m);
-  using Scheduler = sm80::FwdTileScheduler<kBlockM>;
-
-  static constexpr int kConsumerThreads = Mainloop::kConsumerWarpgroups * 128;
-  static constexpr int kThreads = 128 + kConsumerThreads;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
-  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536 / kThreads / 8 * 8 * kThreads,
-                "setmaxnreg split over the registers the launch allocates");
-
-  struct SharedStorage {
-    typename Mainloop::TensorStorage tensors;
-    typename Mainloop::BarrierStorage barriers;
-  };
-  static constexpr int kSmemLimitBytes = 227 * 1024;
-  static constexpr int kSmemBytes = sizeof(SharedStorage);
-  static_assert(kSmemBytes <= kSmemLimitBytes, "over the sm90 per-block shared memory limit");
-
-  struct Params {
-    typename Mainloop::Params mainloop;
-    typename Epilogue::Params epilogue;
-    AttnShape shape;
-    int heads_per_kv;
-  };
+  static_assert(JvpKernelSm90::kBlockM == jvp_tile_sizes(kHeadDim).block_m);
+  using Params = typename JvpKernelSm90::DenseParams;
 };
 
 template <typename Kernel>
@@ -87,22 +63,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1) jvp_kernel_sm90(const __g
                               params.shape.window_right);
   const common::KvBlockRange blocks = band.template kv_blocks<kBlockM, kBlockN>(tile.m_block * kBlockM);
 
-  if (is_producer) {
-    cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
-    const int producer_warp = cutlass::canonical_warp_idx_sync();
-    // A tile none of whose rows sees a key loads nothing: its consumers write out = 0 and the empty rows' lse.
-    if (producer_warp > 1 || blocks.empty()) return;
-    const bool leader = threadIdx.x % 32 == 0;
-    const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, head_k, tile.batch};
-    if (producer_warp == 0) {
-      if (leader) {
-        Mainloop::prefetch_tma_descriptors(params.mainloop);
-        Epilogue::prefetch_tma_descriptors(params.epilogue);
-      }
-      Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, leader, at, blocks);
-    } else {
-      Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, leader, at, blocks);
-    }
+  if (is_producer) {  // an empty tile's consumers write out = 0 and the empty rows' lse
+    tangent_producer<Kernel>(params, shared, pipeline_k, pipeline_v, tile, head_k, blocks);
     return;
   }
 

@@ -7,8 +7,9 @@
 // (with the sink's term) and forms lse, t_lse = C / Z (+ the sink's tangent term) and t_out = tO / Z - t_lse out.
 // That is 3 score GEMMs and 3 PV GEMMs per block (6 GEMM units) where the forward + tangent pair runs 2 + 5.
 //
-// The producer side, the shared memory, the score GEMMs and the ping-pong turns are the tangent mainloop's
-// (tangent_mainloop.cuh): it loads exactly the tensors this kernel reads. What differs is the consumer's step:
+// The producer side, the shared memory, the score GEMMs, the ping-pong turns and the key loop (run_blocks) are the
+// tangent mainloop's (tangent_mainloop.cuh): it loads exactly the tensors this kernel reads. What differs is the
+// consumer's step:
 //   block 0      issue S_0, tS_0; wait; release the K stage; softmax -> P_0, W_0 (nothing to rescale yet)
 //   step t >= 1  issue S_t, tS_t and O += P_{t-1} V_{t-1}, tO += W_{t-1} V_{t-1} + P_{t-1} tV_{t-1}; wait for the
 //                scores only, release their K stage, fold block t into (m, Z, C) and form P_t, W_t while the PV
@@ -100,18 +101,6 @@ struct JvpMainloopSm90 : TangentMainloopSm90<Element_, kHeadDim_, kBlockN_, kSta
     common::wgmma_gemm<false, -1>(c.mma_pv, c.p, tOrTv(_, _, _, stage), acc_t);
   }
 
-  // Waits for the PV GEMMs in flight (O, tO, P and W are ours again) and releases their V stage.
-  template <typename AccO>
-  __device__ __forceinline__ static void wait_for_pv(Consumer& c, PipelineV& pipeline_v, AccO& acc_o, AccO& acc_t) {
-    cute::warpgroup_wait<0>();
-    cute::warpgroup_fence_operand(acc_o);
-    cute::warpgroup_fence_operand(acc_t);
-    cute::warpgroup_fence_operand(c.p);
-    cute::warpgroup_fence_operand(c.w);
-    pipeline_v.consumer_release(c.read_v);
-    ++c.read_v;
-  }
-
   // S_t, tS_t have been waited on: release their K stage and fold the block in (P_t, W_t in fp32 in c.s, c.ts).
   template <bool kMasked, typename CoordsRC, typename Mask>
   __device__ __forceinline__ static void scores_done(Consumer& c, PipelineK& pipeline_k, const CoordsRC& coords_rc,
@@ -119,10 +108,7 @@ struct JvpMainloopSm90 : TangentMainloopSm90<Element_, kHeadDim_, kBlockN_, kSta
                                                      const common::ScoreTransform& transform, float softmax_scale,
                                                      JvpRowStats& stats, float (&correction)[2]) {
     using namespace cute;
-    warpgroup_fence_operand(c.s);
-    warpgroup_fence_operand(c.ts);
-    pipeline_k.consumer_release(c.read_k);
-    ++c.read_k;
+    Base::release_k_stage(c, pipeline_k);
     Tensor s_rc = common::wgmma_acc_rowcol_view(c.s);
     Tensor ts_rc = common::wgmma_acc_rowcol_view(c.ts);
     fold_block<kMasked>(s_rc, ts_rc, coords_rc, mask, n_block * kBlockN, transform, softmax_scale, stats,
@@ -155,62 +141,44 @@ struct JvpMainloopSm90 : TangentMainloopSm90<Element_, kHeadDim_, kBlockN_, kSta
     cute::warpgroup_wait<3>();  // the three score batches are complete; the three PV batches may still run
     float correction[2];
     scores_done<kMasked>(c, pipeline_k, coords_rc, mask, n_block, transform, softmax_scale, stats, correction);
-    wait_for_pv(c, pipeline_v, acc_o, acc_t);
+    Base::wait_for_pv(c, pipeline_v, acc_o, acc_t);
     rescale(acc_o, correction);
     rescale(acc_t, correction);
     common::convert_fragment_into(c.s, c.p);
     common::convert_fragment_into(c.ts, c.w);
   }
 
-  // The whole key loop of one warpgroup (blocks not empty). acc_o, acc_t must be cleared. On return they hold O, tO
-  // relative to stats' row max, every wgmma has been waited on (the warpgroup's Q and tQ halves are free) and every
-  // stage released.
+  // The jvp's state for Base::run_blocks: stats (the rows' running max and sums), acc_o and acc_t (O and tO).
+  template <typename CoordsRC, typename Mask, typename AccO>
+  __device__ __forceinline__ static void first_block_done(Consumer& c, PipelineK& pipeline_k,
+                                                          const CoordsRC& coords_rc, const Mask& mask, int n_block,
+                                                          const common::ScoreTransform& transform,
+                                                          float softmax_scale, JvpRowStats& stats, AccO&, AccO&) {
+    // O and tO are still zero: the correction (0 from a max of -inf) needs no applying.
+    float correction[2];
+    scores_done<true>(c, pipeline_k, coords_rc, mask, n_block, transform, softmax_scale, stats, correction);
+  }
+  template <typename TV, typename AccO>
+  __device__ __forceinline__ static void last_pv(Consumer& c, PipelineV& pipeline_v, TV& tOrV, TV& tOrTv,
+                                                 JvpRowStats&, AccO& acc_o, AccO& acc_t) {
+    issue_pv(c, pipeline_v, tOrV, tOrTv, acc_o, acc_t);
+  }
+  template <typename AccO>
+  __device__ __forceinline__ static void wait_for_last_pv(Consumer& c, PipelineV& pipeline_v, JvpRowStats&,
+                                                          AccO& acc_o, AccO& acc_t) {
+    Base::wait_for_pv(c, pipeline_v, acc_o, acc_t);
+  }
+
+  // The whole key loop of one warpgroup (blocks not empty): the tangent's (Base::run_blocks) with this mainloop's
+  // steps. acc_o, acc_t must be cleared. On return they hold O, tO relative to stats' row max.
   template <typename AccO, typename Mask>
   __device__ __forceinline__ static void run(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
                                              PipelineV& pipeline_v, const common::KvBlockRange& blocks,
                                              const Mask& mask, int warpgroup, int thread_in_wg,
                                              const common::ScoreTransform& transform, float softmax_scale,
                                              JvpRowStats& stats, AccO& acc_o, AccO& acc_t) {
-    using namespace cute;
-    Consumer c(thread_in_wg);
-    Element* q = tensors.q.data();
-    Element* tq = tensors.tq.data();
-    Tensor tSrK = c.k_stages(tensors.k.data());
-    Tensor tSrTk = c.k_stages(tensors.tk.data());
-    Tensor tOrV = c.vt_stages(tensors.v.data());
-    Tensor tOrTv = c.vt_stages(tensors.tv.data());
-    Tensor coords_rc =
-        common::wgmma_acc_rowcol_view(c.thr_qk.partition_C(make_identity_tensor(Shape<WgRows, BlockN>{})));
-
-    // Block 0: scores only, on the masked path whatever it is (the tangent's reason). O and tO are still zero: the
-    // correction (0 from a max of -inf) needs no applying.
-    barriers.q.wait(0);
-    Base::start_turns(warpgroup);
-    Base::take_turn(warpgroup);
-    Base::issue_scores(c, pipeline_k, q, tq, warpgroup, tSrK, tSrTk);
-    Base::pass_turn(warpgroup);
-    warpgroup_wait<0>();
-    float correction[2];
-    scores_done<true>(c, pipeline_k, coords_rc, mask, blocks.block_at(0), transform, softmax_scale, stats,
-                      correction);
-    common::convert_fragment_into(c.s, c.p);
-    common::convert_fragment_into(c.ts, c.w);
-    const int num_blocks = blocks.num_blocks();
-    const int num_masked = blocks.num_masked();
-    CUTE_NO_UNROLL
-    for (int t = 1; t < num_masked; ++t) {
-      step<true>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
-                 blocks.block_at(t), transform, softmax_scale, stats, acc_o, acc_t);
-    }
-    CUTE_NO_UNROLL
-    for (int t = num_masked > 1 ? num_masked : 1; t < num_blocks; ++t) {
-      step<false>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
-                  blocks.block_at(t), transform, softmax_scale, stats, acc_o, acc_t);
-    }
-    Base::take_turn(warpgroup);
-    issue_pv(c, pipeline_v, tOrV, tOrTv, acc_o, acc_t);
-    Base::pass_turn(warpgroup);
-    wait_for_pv(c, pipeline_v, acc_o, acc_t);
+    Base::template run_blocks<JvpMainloopSm90>(tensors, barriers, pipeline_k, pipeline_v, blocks, mask, warpgroup,
+                                               thread_in_wg, transform, softmax_scale, stats, acc_o, acc_t);
   }
 };
 

@@ -16,23 +16,10 @@ constexpr int kJvpMaxHeadDim = 128;
 //   D 64:      64 keys: 32 + 32 + 64 + 32 = 160 values;
 //   D 96, 128: 32 keys: 48 / 64 + 48 / 64 + 32 + 16 = 144 / 176  (64 keys would need 192 / 224: spills at D 128);
 //   D 192, 256 would need 192 / 256 for O and tO alone: those head dims stay on forward + tangent.
-// Stages: the tangent's rule (tangent_tile_sizes.cuh) with a deeper cap, 8, since 32-key stages are half as large
+// Stages: the tangent's rule (tangent_tile_with_stages) with a deeper cap, 8, since 32-key stages are half as large
 // and a step consumes them twice as fast: D 64: 4 + 4 (160 KB), D 96: 4 + 4 (144 KB), D 128: 4 + 4 (192 KB).
 constexpr TangentTileSizes jvp_tile_sizes(int head_dim) {
-  const int block_n = head_dim <= 64 ? 64 : 32;
-  constexpr int kBudget = 226 * 1024;
-  TangentTileSizes tile{128, block_n, 1, 1};
-  while (tile.stages_k + tile.stages_v < 8) {
-    TangentTileSizes more = tile;
-    if (more.stages_k <= more.stages_v) {
-      ++more.stages_k;
-    } else {
-      ++more.stages_v;
-    }
-    if (tangent_tile_smem_bytes(more, head_dim) > kBudget) break;
-    tile = more;
-  }
-  return tile;
+  return tangent_tile_with_stages(head_dim <= 64 ? 64 : 32, head_dim, /*max_stages=*/8);
 }
 
 }  // namespace flashjax::sm90

@@ -19,23 +19,72 @@
 
 namespace flashjax::sm90 {
 
+// What the tangent's epilogue and the fused jvp's (jvp_epilogue.cuh) share: each consumer warpgroup stages a 64-row
+// half of t_out (the jvp's: and of out) in its own Q half, whose shape and swizzle it has, and one thread writes it
+// out in o's layout with a TMA store; both read o's shape and strides from the call (TangentParams or JvpParams).
 template <typename Mainloop>
-struct TangentEpilogueSm90 {
+struct TangentEpilogueBase {
   using Element = typename Mainloop::Element;
   using WgRows = typename Mainloop::WgRows;
   using HeadDim = typename Mainloop::HeadDim;
+  using ShapeSDHB = typename Mainloop::ShapeSDHB;
   using SmemLayoutO = typename Mainloop::SmemLayoutQHalf;
   static constexpr int kConsumerWarpgroups = Mainloop::kConsumerWarpgroups;
   static constexpr int kRowsPerWarpgroup = Mainloop::kRowsPerWarpgroup;
-  static constexpr uint32_t kTmaBytesOHalf = kRowsPerWarpgroup * Mainloop::kHeadDim * sizeof(Element);
 
-  using GmemTensorOIn = typename Mainloop::GmemTensorQK;
-  using GmemTensorOOut = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)),
-                                                    typename Mainloop::ShapeSDHB{}, typename Mainloop::StrideSDHB{}));
-  using TmaLoadO = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorOIn{}, SmemLayoutO{},
-                                                cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+  using GmemTensorOOut = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeSDHB{},
+                                                    typename Mainloop::StrideSDHB{}));
   using TmaStoreO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensorOOut{}, SmemLayoutO{},
                                                  cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+
+  template <typename CallParams>
+  static ShapeSDHB shape_o(const CallParams& p) {  // (Sq, D, Hq, B)
+    return {p.seqlen_q, Mainloop::kHeadDim, p.heads_q, p.batch};
+  }
+  template <typename CallParams>
+  static typename Mainloop::StrideSDHB stride_o(const CallParams& p) {
+    return {p.o_row_stride, cute::_1{}, p.o_head_stride, p.o_batch_stride};
+  }
+  // The store of o-shaped halves at `ptr` (t_out, the jvp's out).
+  template <typename CallParams>
+  static TmaStoreO tma_store_o(const CallParams& p, void* ptr) {
+    using namespace cute;
+    Tensor m = make_tensor(make_gmem_ptr(static_cast<Element*>(ptr)), shape_o(p), stride_o(p));
+    return make_tma_copy(SM90_TMA_STORE{}, m, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{});
+  }
+
+  // Params: the epilogue's, whose tma_o (a load or a store) and tma_t_out both kernels' producers prefetch.
+  template <typename Params>
+  __device__ static void prefetch_tma_descriptors(const Params& params) {
+    cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(params.tma_t_out.get_tma_descriptor());
+  }
+
+  // Writes the staged half s_half (rows 64 half .. 64 half + 63 of (head_q, batch)) out; one thread issues it.
+  template <typename SmemHalf>
+  __device__ __forceinline__ static void store_half(const TmaStoreO& tma, const ShapeSDHB& shape,
+                                                    const SmemHalf& s_half, int half, int head_q, int batch) {
+    using namespace cute;
+    Tensor g = local_tile(tma.get_tma_tensor(shape)(_, _, head_q, batch), Shape<WgRows, HeadDim>{},
+                          make_coord(half, _0{}));
+    auto slice = tma.get_slice(_0{});
+    copy(tma, slice.partition_S(s_half), slice.partition_D(g));
+  }
+};
+
+template <typename Mainloop>
+struct TangentEpilogueSm90 : TangentEpilogueBase<Mainloop> {
+  using Base = TangentEpilogueBase<Mainloop>;
+  using typename Base::Element;
+  using typename Base::WgRows;
+  using typename Base::HeadDim;
+  using typename Base::SmemLayoutO;
+  using typename Base::TmaStoreO;
+  using Base::kConsumerWarpgroups;
+  using Base::kRowsPerWarpgroup;
+  static constexpr uint32_t kTmaBytesOHalf = kRowsPerWarpgroup * Mainloop::kHeadDim * sizeof(Element);
+  using TmaLoadO = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, typename Mainloop::GmemTensorQK{}, SmemLayoutO{},
+                                                cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
 
   struct Params {
     TmaLoadO tma_o;        // the forward's output
@@ -50,24 +99,17 @@ struct TangentEpilogueSm90 {
 
   static Params to_params(const TangentParams& p) {
     using namespace cute;
-    const typename Mainloop::ShapeSDHB shape_o{p.seqlen_q, Mainloop::kHeadDim, p.heads_q, p.batch};
-    const typename Mainloop::StrideSDHB stride_o{p.o_row_stride, _1{}, p.o_head_stride, p.o_batch_stride};
-    Tensor m_o = make_tensor(make_gmem_ptr(static_cast<const Element*>(p.o)), shape_o, stride_o);
-    Tensor m_t_out = make_tensor(make_gmem_ptr(static_cast<Element*>(p.t_out)), shape_o, stride_o);
+    Tensor m_o =
+        make_tensor(make_gmem_ptr(static_cast<const Element*>(p.o)), Base::shape_o(p), Base::stride_o(p));
     return {make_tma_copy(SM90_TMA_LOAD{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
-            make_tma_copy(SM90_TMA_STORE{}, m_t_out, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
-            shape_o,
+            Base::tma_store_o(p, p.t_out),
+            Base::shape_o(p),
             p.lse,
             p.t_lse,
             p.lse_batch_stride,
             p.lse_head_stride,
             p.sinks,
             p.tsinks};
-  }
-
-  __device__ static void prefetch_tma_descriptors(const Params& params) {
-    cute::prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(params.tma_t_out.get_tma_descriptor());
   }
 
   // The thread's rows' forward lse in log2 units; +inf where the forward found no visible key (lse = -inf) and on
@@ -137,10 +179,7 @@ struct TangentEpilogueSm90 {
     cutlass::arch::fence_view_async_shared();  // generic-proxy writes before the async-proxy (TMA) read
     cutlass::arch::NamedBarrier::sync(128, TangentNamedBarrier::epilogue(warpgroup));
     if (thread_in_wg == 0) {
-      Tensor g_t_out = local_tile(params.tma_t_out.get_tma_tensor(params.shape_o)(_, _, head_q, batch),
-                                  Shape<WgRows, HeadDim>{}, make_coord(half, _0{}));
-      auto tma = params.tma_t_out.get_slice(_0{});
-      copy(params.tma_t_out, tma.partition_S(s_o), tma.partition_D(g_t_out));
+      Base::store_half(params.tma_t_out, params.shape_o, s_o, half, head_q, batch);
       tma_store_arrive();
     }
 

@@ -37,16 +37,15 @@
 
 namespace flashjax::sm90 {
 
-template <typename Element, int kHeadDim, bool kSoftcap, bool kMaskMod_ = false>
-struct TangentKernelSm90 {
-  static constexpr bool kMaskMod = kMaskMod_;
-  static constexpr TangentTileSizes kTile = tangent_tile_sizes(kHeadDim);
-  using Mainloop =
-      TangentMainloopSm90<Element, kHeadDim, kTile.block_n, kTile.stages_k, kTile.stages_v, kSoftcap>;
-  using Epilogue = TangentEpilogueSm90<Mainloop>;
+// What the tangent kernel and the fused jvp kernel (jvp_kernel.cuh) share around their mainloop (TangentMainloopSm90
+// or the jvp's, derived from it) and epilogue: the CTA's warpgroups and register split, the tile walk, the shared
+// storage and the dense parameters.
+template <typename Mainloop_, template <typename> class EpilogueT>
+struct TangentCtaSm90 {
+  using Mainloop = Mainloop_;
+  using Epilogue = EpilogueT<Mainloop>;
   static constexpr int kBlockM = Mainloop::kBlockM;
   static constexpr int kBlockN = Mainloop::kBlockN;
-  static_assert(kBlockM == kTile.block_m);
   // The dense tile walk of the sm80 tangent (its forward's scheduler): CTA -> (batch, query head, m-block).
   using Scheduler = sm80::FwdTileScheduler<kBlockM>;
 
@@ -72,6 +71,21 @@ struct TangentKernelSm90 {
     AttnShape shape;  // the scheduler's walk and the band
     int heads_per_kv;  // Hq / Hk: query head h reads K/V head h / heads_per_kv
   };
+};
+
+template <typename Element, int kHeadDim, bool kSoftcap, bool kMaskMod_ = false>
+struct TangentKernelSm90
+    : TangentCtaSm90<TangentMainloopSm90<Element, kHeadDim, tangent_tile_sizes(kHeadDim).block_n,
+                                         tangent_tile_sizes(kHeadDim).stages_k, tangent_tile_sizes(kHeadDim).stages_v,
+                                         kSoftcap>,
+                     TangentEpilogueSm90> {
+  using Cta = typename TangentKernelSm90::TangentCtaSm90;
+  using typename Cta::DenseParams;
+  using Cta::kBlockM;
+  using Cta::kBlockN;
+  static_assert(kBlockM == tangent_tile_sizes(kHeadDim).block_m);
+  static constexpr bool kMaskMod = kMaskMod_;
+
   // kMaskMod: the call's mask bits and block lists (kernels/common/mask_block_lists.cuh) after the dense fields. A
   // separate type, so that the dense kernel's parameters keep their layout.
   struct MaskModParams : DenseParams {
@@ -114,6 +128,32 @@ __device__ typename Pipeline::Params tangent_pipeline_params(bool is_producer, i
   return params;
 }
 
+// The producer warpgroup of either kernel, from its setmaxnreg on: warp 0 loads Q, tQ and the (K, tK) stages, warp 1
+// the (V, tV) stages, the other two exit. A tile none of whose rows sees a key loads nothing: its consumers write
+// what an empty row gets without reading shared memory. Plain __device__, which the compiler inlines all the same:
+// __forceinline__ changed the code of the D 64 tangent's (K, tK) loop against the kernel body it came from.
+template <typename Kernel, typename Tile, typename Blocks>
+__device__ void tangent_producer(const typename Kernel::Params& params, typename Kernel::SharedStorage& shared,
+                                 typename Kernel::Mainloop::PipelineK& pipeline_k,
+                                 typename Kernel::Mainloop::PipelineV& pipeline_v, const Tile& tile, int head_k,
+                                 const Blocks& blocks) {
+  using Mainloop = typename Kernel::Mainloop;
+  cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
+  const int producer_warp = cutlass::canonical_warp_idx_sync();
+  if (producer_warp > 1 || blocks.empty()) return;
+  const bool leader = threadIdx.x % 32 == 0;
+  const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, head_k, tile.batch};
+  if (producer_warp == 0) {
+    if (leader) {
+      Mainloop::prefetch_tma_descriptors(params.mainloop);
+      Kernel::Epilogue::prefetch_tma_descriptors(params.epilogue);
+    }
+    Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, leader, at, blocks);
+  } else {
+    Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, leader, at, blocks);
+  }
+}
+
 template <typename Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1)
     tangent_kernel_sm90(const __grid_constant__ typename Kernel::Params params) {
@@ -148,22 +188,8 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
                               params.shape.window_right);
   const typename Kernel::Blocks blocks = Kernel::blocks_of(params, band, tile.batch, tile.head_q, tile.m_block);
 
-  if (is_producer) {
-    cutlass::arch::warpgroup_reg_dealloc<Kernel::kProducerRegisters>();
-    const int producer_warp = cutlass::canonical_warp_idx_sync();
-    // A tile none of whose rows sees a key loads nothing: its consumers write t_out = 0 and the sink's t_lse.
-    if (producer_warp > 1 || blocks.empty()) return;
-    const bool leader = threadIdx.x % 32 == 0;
-    const typename Mainloop::LoadCoords at{tile.m_block, tile.head_q, head_k, tile.batch};
-    if (producer_warp == 0) {
-      if (leader) {
-        Mainloop::prefetch_tma_descriptors(params.mainloop);
-        Epilogue::prefetch_tma_descriptors(params.epilogue);
-      }
-      Mainloop::load_q_k(params.mainloop, shared.tensors, shared.barriers, pipeline_k, leader, at, blocks);
-    } else {
-      Mainloop::load_v(params.mainloop, shared.tensors, pipeline_v, leader, at, blocks);
-    }
+  if (is_producer) {  // an empty tile's consumers write t_out = 0 and the sink's t_lse
+    tangent_producer<Kernel>(params, shared, pipeline_k, pipeline_v, tile, head_k, blocks);
     return;
   }
 

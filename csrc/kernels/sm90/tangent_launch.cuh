@@ -21,15 +21,20 @@ namespace flashjax::sm90 {
 
 namespace detail {
 
-template <typename Kernel>
-cudaError_t launch_tangent_kernel(const TangentParams& params, cudaStream_t stream) {
+// The launch the tangent and the fused jvp (jvp_launch.cuh) share: both read q, k, v and their tangents through the
+// tangent mainloop's TMA loads and write t_out in o's layout, from TangentParams or JvpParams (the same fields; o is
+// the tangent's input, the jvp's output). kernel: the __global__ function; kernel_params_of(dense): Kernel::Params
+// from the dense ones (TangentCtaSm90::DenseParams).
+template <typename Kernel, typename Params, typename KernelFn, typename KernelParamsOf>
+cudaError_t launch_tangent_cta(KernelFn kernel, const Params& params, cudaStream_t stream,
+                               KernelParamsOf kernel_params_of) {
   using Mainloop = typename Kernel::Mainloop;
   using Element = typename Mainloop::Element;
   constexpr int kHeadDim = Mainloop::kHeadDim;
   const int64_t num_ctas = Kernel::Scheduler::num_ctas(params);
   if (num_ctas == 0) return cudaSuccess;  // Sq = 0, B = 0 or Hq = 0: nothing to write
   if (num_ctas > INT_MAX) return cudaErrorInvalidConfiguration;
-  // Each tangent is read with its primal's strides (params.h); every pointer must suit TMA on its own.
+  // Each tangent is read or written with its primal's strides (params.h); every pointer must suit TMA on its own.
   if (!tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
       !tma_compatible<Element>(params.tq, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
       !tma_compatible<Element>(params.k, params.k_row_stride, params.k_head_stride, params.k_batch_stride) ||
@@ -58,23 +63,50 @@ cudaError_t launch_tangent_kernel(const TangentParams& params, cudaStream_t stre
                                                   Kernel::Epilogue::to_params(params),
                                                   static_cast<const AttnShape&>(params),
                                                   params.heads_q / params.heads_k};
-  const typename Kernel::Params kernel_params = [&] {
-    if constexpr (Kernel::kMaskMod) {  // the bits and the block lists, read per tile
-      return typename Kernel::Params{dense_params,
-                                     common::MaskModTiles::of<Kernel::kBlockM, Kernel::kBlockN>(params)};
-    } else {
-      return dense_params;
-    }
-  }();
+  const typename Kernel::Params kernel_params = kernel_params_of(dense_params);
   static_assert(sizeof(typename Kernel::Params) <= 4096, "kernel parameters over 4 KB");
-  auto kernel = tangent_kernel_sm90<Kernel>;
   const cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::kSmemBytes);
   if (err != cudaSuccess) return err;
-  // The kernel has no griddepcontrol.wait: launched without programmatic dependent launch, it starts only once the
-  // stream's previous kernel (the forward that wrote o and lse) has finished.
+  // Neither kernel has griddepcontrol.wait: launched without programmatic dependent launch, it starts only once the
+  // stream's previous kernel (the tangent's: the forward that wrote o and lse) has finished.
   kernel<<<static_cast<unsigned>(num_ctas), Kernel::kThreads, Kernel::kSmemBytes, stream>>>(kernel_params);
   return cudaGetLastError();
+}
+
+template <typename Kernel>
+cudaError_t launch_tangent_kernel(const TangentParams& params, cudaStream_t stream) {
+  return launch_tangent_cta<Kernel>(
+      tangent_kernel_sm90<Kernel>, params, stream,
+      [&](const typename Kernel::DenseParams& dense_params) -> typename Kernel::Params {
+        if constexpr (Kernel::kMaskMod) {  // the bits and the block lists, read per tile
+          return {dense_params, common::MaskModTiles::of<Kernel::kBlockM, Kernel::kBlockN>(params)};
+        } else {
+          return dense_params;
+        }
+      });
+}
+
+// The checks run_tangent and run_jvp begin with: the instantiation's head dim, whole GQA groups, and the sinks with
+// their tangent, both or neither.
+template <int kHeadDim, typename Params>
+bool tangent_call_fits(const Params& params) {
+  return params.head_dim == kHeadDim && params.heads_k > 0 && params.heads_q % params.heads_k == 0 &&
+         (params.sinks != nullptr) == (params.tsinks != nullptr);
+}
+
+// The one tile configuration of tangent_choices and jvp_choices; `kernel` says whose it is in the explanation.
+inline FamilyChoices tangent_tile_choices(const TangentTileSizes& tile, int smem_bytes, bool explain,
+                                          const char* kernel) {
+  FamilyChoices choices;
+  choices.block_m = tile.block_m;
+  choices.block_n = tile.block_n;
+  if (explain) {
+    choices.tile_reason = std::to_string(tile.block_m) + " x " + std::to_string(tile.block_n) + " tiles (" + kernel +
+                          ", " + std::to_string(tile.stages_k) + " (K, tK) and " + std::to_string(tile.stages_v) +
+                          " (V, tV) stages, " + std::to_string(smem_bytes / 1024) + " KB of shared memory per block)";
+  }
+  return choices;
 }
 
 // A mask mod: the tile classes and block lists for the tangent's own tiles (kernels/common/mask_block_lists.cuh, into
@@ -95,10 +127,7 @@ cudaError_t launch_tangent_mask_mod(const TangentParams& params, cudaStream_t st
 
 template <typename Element, int kHeadDim>
 cudaError_t run_tangent(const TangentParams& params, cudaStream_t stream) {
-  if (params.head_dim != kHeadDim || params.heads_k <= 0 || params.heads_q % params.heads_k != 0 ||
-      (params.sinks != nullptr) != (params.tsinks != nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+  if (!detail::tangent_call_fits<kHeadDim>(params)) return cudaErrorInvalidValue;
   // Dense calls only (gen_kernels.py's VARLEN keeps varlen tangents on the sm80 family).
   if (params.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;
   if (params.mask_bits != nullptr) return detail::launch_tangent_mask_mod<Element, kHeadDim>(params, stream);
@@ -116,20 +145,11 @@ int tangent_smem_bytes() {
 // Declared in launch.h: one tile configuration whatever the call (tangent_tile_sizes.cuh).
 template <typename Element, int kHeadDim>
 FamilyChoices tangent_choices(const AttnShape&, const ChoiceQuery& query) {
-  constexpr TangentTileSizes kTile = tangent_tile_sizes(kHeadDim);
-  FamilyChoices choices;
-  choices.block_m = kTile.block_m;
-  choices.block_n = kTile.block_n;
+  FamilyChoices choices = detail::tangent_tile_choices(
+      tangent_tile_sizes(kHeadDim), tangent_smem_bytes<Element, kHeadDim>(), query.explain,
+      "the sm90 tangent's configuration for this head dim: two consumer warpgroups of 64 rows");
   // A mask mod's tangent walks block lists for these tiles (launch_tangent_mask_mod): the workspace holds them.
   choices.mask_block_lists = query.mask_mod ? MaskBlockLists::kKeyBlocks : MaskBlockLists::kNone;
-  if (query.explain) {
-    choices.tile_reason = std::to_string(kTile.block_m) + " x " + std::to_string(kTile.block_n) +
-                          " tiles (the sm90 tangent's configuration for this head dim: two consumer warpgroups of 64 "
-                          "rows, " + std::to_string(kTile.stages_k) + " (K, tK) and " +
-                          std::to_string(kTile.stages_v) + " (V, tV) stages, " +
-                          std::to_string(tangent_smem_bytes<Element, kHeadDim>() / 1024) +
-                          " KB of shared memory per block)";
-  }
   return choices;
 }
 

@@ -373,15 +373,24 @@ struct TangentMainloopSm90 {
     common::wgmma_gemm<false, -1>(c.mma_pv, c.p, tOrTv(_, _, _, stage), acc);
   }
 
-  // Waits for the PV GEMMs in flight (acc, P and W are ours again) and releases their V stage.
-  template <typename AccO>
-  __device__ __forceinline__ static void wait_for_pv(Consumer& c, PipelineV& pipeline_v, AccO& acc) {
+  // Waits for the PV GEMMs in flight (their accumulators: acc, the jvp's O and tO; P and W are ours again) and
+  // releases their V stage.
+  template <typename... AccO>
+  __device__ __forceinline__ static void wait_for_pv(Consumer& c, PipelineV& pipeline_v, AccO&... acc) {
     cute::warpgroup_wait<0>();
-    cute::warpgroup_fence_operand(acc);
+    (cute::warpgroup_fence_operand(acc), ...);
     cute::warpgroup_fence_operand(c.p);
     cute::warpgroup_fence_operand(c.w);
     pipeline_v.consumer_release(c.read_v);
     ++c.read_v;
+  }
+
+  // S_t, tS_t have been waited on (this mainloop's and the jvp's scores_done): they are ours, their K stage free.
+  __device__ __forceinline__ static void release_k_stage(Consumer& c, PipelineK& pipeline_k) {
+    cute::warpgroup_fence_operand(c.s);
+    cute::warpgroup_fence_operand(c.ts);
+    pipeline_k.consumer_release(c.read_k);
+    ++c.read_k;
   }
 
   // S_t, tS_t have been waited on: release their K stage and form P_t, W_t in fp32 (in c.s, c.ts).
@@ -391,10 +400,7 @@ struct TangentMainloopSm90 {
                                                      const common::ScoreTransform& transform, float softmax_scale,
                                                      const float (&lse_log2)[2], float (&w_sum)[2]) {
     using namespace cute;
-    warpgroup_fence_operand(c.s);
-    warpgroup_fence_operand(c.ts);
-    pipeline_k.consumer_release(c.read_k);
-    ++c.read_k;
+    release_k_stage(c, pipeline_k);
     Tensor s_rc = common::wgmma_acc_rowcol_view(c.s);
     Tensor ts_rc = common::wgmma_acc_rowcol_view(c.ts);
     probs_and_weights<kMasked>(s_rc, ts_rc, coords_rc, mask, n_block * kBlockN, transform, softmax_scale, lse_log2,
@@ -423,16 +429,18 @@ struct TangentMainloopSm90 {
     common::convert_fragment_into(c.ts, c.w);
   }
 
-  // The whole key loop of one warpgroup (blocks not empty). acc must be cleared. On return acc holds W V + P tV over
-  // the tile's blocks, w_sum this thread's share of its rows' sums of W (quad-reduced by the caller), every wgmma
-  // has been waited on (the warpgroup's Q and tQ halves are free) and every stage released. Blocks and Mask: the
-  // band's (KvBlockRange, TileMask), or a mask mod's block list and band-and-bits mask (tangent_mask_mod.cuh).
-  template <typename AccO, typename Blocks, typename Mask>
-  __device__ __forceinline__ static void run(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
-                                             PipelineV& pipeline_v, const Blocks& blocks,
-                                             const Mask& mask, int warpgroup, int thread_in_wg,
-                                             const common::ScoreTransform& transform, float softmax_scale,
-                                             const float (&lse_log2)[2], AccO& acc, float (&w_sum)[2]) {
+  // The key loop both this mainloop and the fused jvp's (jvp_mainloop.cuh) run, one warpgroup (blocks not empty):
+  // block 0's scores, the masked steps, the unmasked bulk, the last PV GEMMs. Steps (this mainloop or the jvp's)
+  // says what the warpgroup's state is and does with it: its first_block_done, step, last_pv and wait_for_last_pv
+  // take state... last. On return every wgmma has been waited on (the warpgroup's Q and tQ halves are free) and every
+  // stage released. Blocks and Mask: the band's (KvBlockRange, TileMask), or a mask mod's block list and
+  // band-and-bits mask (tangent_mask_mod.cuh).
+  template <typename Steps, typename Blocks, typename Mask, typename... State>
+  __device__ __forceinline__ static void run_blocks(TensorStorage& tensors, BarrierStorage& barriers,
+                                                    PipelineK& pipeline_k, PipelineV& pipeline_v,
+                                                    const Blocks& blocks, const Mask& mask, int warpgroup,
+                                                    int thread_in_wg, const common::ScoreTransform& transform,
+                                                    float softmax_scale, State&... state) {
     using namespace cute;
     Consumer c(thread_in_wg);
     Element* q = tensors.q.data();
@@ -453,7 +461,7 @@ struct TangentMainloopSm90 {
     issue_scores(c, pipeline_k, q, tq, warpgroup, tSrK, tSrTk);
     pass_turn(warpgroup);
     warpgroup_wait<0>();
-    scores_done<true>(c, pipeline_k, coords_rc, mask, blocks.block_at(0), transform, softmax_scale, lse_log2, w_sum);
+    Steps::first_block_done(c, pipeline_k, coords_rc, mask, blocks.block_at(0), transform, softmax_scale, state...);
     common::convert_fragment_into(c.s, c.p);
     common::convert_fragment_into(c.ts, c.w);
     // Then the rest of the masked blocks, the unmasked bulk (as the forward visits them), and the last PV GEMMs.
@@ -461,18 +469,51 @@ struct TangentMainloopSm90 {
     const int num_masked = blocks.num_masked();
     CUTE_NO_UNROLL
     for (int t = 1; t < num_masked; ++t) {
-      step<true>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
-                 blocks.block_at(t), transform, softmax_scale, lse_log2, acc, w_sum);
+      Steps::template step<true>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc,
+                                 mask, blocks.block_at(t), transform, softmax_scale, state...);
     }
     CUTE_NO_UNROLL
     for (int t = num_masked > 1 ? num_masked : 1; t < num_blocks; ++t) {
-      step<false>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc, mask,
-                  blocks.block_at(t), transform, softmax_scale, lse_log2, acc, w_sum);
+      Steps::template step<false>(c, pipeline_k, pipeline_v, q, tq, warpgroup, tSrK, tSrTk, tOrV, tOrTv, coords_rc,
+                                  mask, blocks.block_at(t), transform, softmax_scale, state...);
     }
     take_turn(warpgroup);
-    issue_pv(c, pipeline_v, tOrV, tOrTv, acc);
+    Steps::last_pv(c, pipeline_v, tOrV, tOrTv, state...);
     pass_turn(warpgroup);
+    Steps::wait_for_last_pv(c, pipeline_v, state...);
+  }
+
+  // The tangent's state for run_blocks: lse_log2 in, acc (W V + P tV) and w_sum (this thread's share of its rows'
+  // sums of W) accumulated.
+  template <typename CoordsRC, typename Mask, typename AccO>
+  __device__ __forceinline__ static void first_block_done(Consumer& c, PipelineK& pipeline_k,
+                                                          const CoordsRC& coords_rc, const Mask& mask, int n_block,
+                                                          const common::ScoreTransform& transform,
+                                                          float softmax_scale, const float (&lse_log2)[2], AccO&,
+                                                          float (&w_sum)[2]) {
+    scores_done<true>(c, pipeline_k, coords_rc, mask, n_block, transform, softmax_scale, lse_log2, w_sum);
+  }
+  template <typename TV, typename AccO>
+  __device__ __forceinline__ static void last_pv(Consumer& c, PipelineV& pipeline_v, TV& tOrV, TV& tOrTv,
+                                                 const float (&)[2], AccO& acc, float (&)[2]) {
+    issue_pv(c, pipeline_v, tOrV, tOrTv, acc);
+  }
+  template <typename AccO>
+  __device__ __forceinline__ static void wait_for_last_pv(Consumer& c, PipelineV& pipeline_v, const float (&)[2],
+                                                          AccO& acc, float (&)[2]) {
     wait_for_pv(c, pipeline_v, acc);
+  }
+
+  // The whole key loop of one warpgroup (blocks not empty). acc must be cleared. On return acc holds W V + P tV over
+  // the tile's blocks, w_sum this thread's share of its rows' sums of W (quad-reduced by the caller).
+  template <typename AccO, typename Blocks, typename Mask>
+  __device__ __forceinline__ static void run(TensorStorage& tensors, BarrierStorage& barriers, PipelineK& pipeline_k,
+                                             PipelineV& pipeline_v, const Blocks& blocks,
+                                             const Mask& mask, int warpgroup, int thread_in_wg,
+                                             const common::ScoreTransform& transform, float softmax_scale,
+                                             const float (&lse_log2)[2], AccO& acc, float (&w_sum)[2]) {
+    run_blocks<TangentMainloopSm90>(tensors, barriers, pipeline_k, pipeline_v, blocks, mask, warpgroup, thread_in_wg,
+                                    transform, softmax_scale, lse_log2, acc, w_sum);
   }
 };
 
