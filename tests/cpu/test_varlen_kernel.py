@@ -190,7 +190,8 @@ def test_cuda_lowering_of_the_jvp_calls_the_varlen_tangent_target(monkeypatch, s
     monkeypatch.setattr(varlen_kernel._ffi, "register_targets", lambda: None)
     monkeypatch.setattr(varlen_kernel._ffi, "default_device", lambda: (80, 108))
     family = {"value": "sm80"}
-    monkeypatch.setattr(varlen_kernel._ffi, "plan", lambda **call: {"tangent": {"family": family["value"]}})
+    monkeypatch.setattr(varlen_kernel._ffi, "plan",  # the forward's plan without the run-time walk's workspace
+                        lambda **call: {"fwd": {"family": "sm80"}, "tangent": {"family": family["value"]}})
     q, k, v, sinks = _inputs(8, jnp.bfloat16)
     used = jnp.array([1, 0, 2], jnp.int32) if seqused else None
 
