@@ -57,6 +57,49 @@ struct FwdMaskModArgs {
   int m_start = 0;
 };
 
+// Softcap, then the band mask and (kMaskMod) the mod's bits on one block's scores, in the forward's order; shared
+// with the tangent (tangent_mainloop.cuh), whose P must see exactly the forward's scores. apply_mask: compile-time
+// bool, the block may be partly invisible. Returns acc_s's (row, col) view.
+template <int kBlockN, bool kSoftcap, bool kMaskMod, typename ApplyMask, typename AccS, typename CoordsRC>
+__device__ __forceinline__ auto mask_scores(ApplyMask, AccS& acc_s, const CoordsRC& tScS_rc,
+                                            const FwdMainloopArgs& args, const FwdMaskModArgs& mod, int n_block) {
+  if constexpr (kSoftcap) args.transform.apply_softcap(acc_s);
+  auto acc_s_rc = common::acc_rowcol_view(acc_s);
+  if constexpr (ApplyMask::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
+  if constexpr (kMaskMod && ApplyMask::value) {
+    mod.bits.template apply<kBlockN>(acc_s_rc, tScS_rc, mod.m_start, n_block * kBlockN);
+  }
+  return acc_s_rc;
+}
+
+// A mask mod's walk over the band's blocks, shared by the kMaskMod forward and tangent: visit t (the band's order)
+// is masked when the band masks it or the mod's class is partial, full when the band does not and the mod's class
+// is full, skipped when the class is empty. The caller visits the masked ones first (next_masked from 0), then the
+// full ones (next_full from num_masked), and links the K prefetch chain through block_or_none. The loops stay in
+// each mainloop: passing them the step and the first loads as lambdas (one walk function for both) changed the
+// SASS of every sm80 tangent kernel, the mask-mod-free ones included.
+struct MaskModWalk {
+  const common::KvBlockRange& blocks;
+  const uint8_t* classes;
+  int num_blocks;
+  int num_masked;
+  __device__ MaskModWalk(const common::KvBlockRange& blocks_, const uint8_t* classes_)
+      : blocks(blocks_), classes(classes_), num_blocks(blocks_.num_blocks()), num_masked(blocks_.num_masked()) {}
+  __device__ int mod_class(int t) const { return classes[blocks.block_at(t)]; }
+  __device__ int next_masked(int t) const {
+    while (t < num_blocks &&
+           (mod_class(t) == common::kMaskTileEmpty || (t >= num_masked && mod_class(t) == common::kMaskTileFull))) {
+      ++t;
+    }
+    return t;
+  }
+  __device__ int next_full(int t) const {
+    while (t < num_blocks && mod_class(t) != common::kMaskTileFull) ++t;
+    return t;
+  }
+  __device__ int block_or_none(int t) const { return t < num_blocks ? blocks.block_at(t) : -1; }
+};
+
 // Runs the whole KV loop of one CTA. g_q: (kBlockM, D) tile; g_k, g_v: (kBlockN, D, n_blocks) tiles of the head.
 // kSoftcap = false skips softcap entirely: only valid when args.transform.softcap <= 0 (see fwd_kernel.cuh for why
 // it is a compile-time switch).
@@ -139,12 +182,7 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
     cute::cp_async_fence();
 
     gemm_smem_smem(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, smem_copy_q, smem_copy_k);
-    if constexpr (kSoftcap) args.transform.apply_softcap(acc_s);
-    Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
-    if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
-    if constexpr (kMaskMod && decltype(apply_mask)::value) {
-      mod.bits.template apply<kBlockN>(acc_s_rc, tScS_rc, mod.m_start, n_block * kBlockN);
-    }
+    Tensor acc_s_rc = mask_scores<kBlockN, kSoftcap, kMaskMod>(apply_mask, acc_s, tScS_rc, args, mod, n_block);
 
     // V[n] has landed, and every thread is done reading K[n]: K's buffer may be refilled.
     cute::cp_async_wait<0>();
@@ -162,38 +200,24 @@ __device__ __forceinline__ void fwd_mainloop_sm80(const GQ& g_q, const GK& g_k, 
 
   const common::KvBlockRange& blocks = args.blocks;
   if constexpr (kMaskMod) {
-    // Visit t (the band's order) is masked when the band masks it or the mod's class is partial, full when the band
-    // does not and the mod's class is full; band-masked visits all come before num_masked.
-    const int num_blocks = blocks.num_blocks();
-    const int num_masked = blocks.num_masked();
-    auto mod_class = [&](int t) { return mod.classes[blocks.block_at(t)]; };
-    auto next_masked = [&](int t) {
-      while (t < num_blocks &&
-             (mod_class(t) == common::kMaskTileEmpty || (t >= num_masked && mod_class(t) == common::kMaskTileFull))) {
-        ++t;
-      }
-      return t;
-    };
-    auto next_full = [&](int t) {
-      while (t < num_blocks && mod_class(t) != common::kMaskTileFull) ++t;
-      return t;
-    };
-    int t_masked = next_masked(0);
-    int t_full = next_full(num_masked);
-    auto block_or_none = [&](int t) { return t < num_blocks ? blocks.block_at(t) : -1; };
+    const MaskModWalk walk(blocks, mod.classes);
+    const int num_blocks = walk.num_blocks;
+    int t_masked = walk.next_masked(0);
+    int t_full = walk.next_full(walk.num_masked);
     const int first = t_masked < num_blocks ? t_masked : t_full;
     if (first >= num_blocks) return;
     copy_rows_zero_fill<true>(gmem_copy, tQgQ, tQsQ, tQcQ, args.rows_valid_q);
     load_k(cute::true_type{}, blocks.block_at(first));
     cute::cp_async_fence();
     while (t_masked < num_blocks) {
-      const int t_next = next_masked(t_masked + 1);
-      kv_step(cute::true_type{}, blocks.block_at(t_masked), block_or_none(t_next < num_blocks ? t_next : t_full));
+      const int t_next = walk.next_masked(t_masked + 1);
+      kv_step(cute::true_type{}, blocks.block_at(t_masked),
+              walk.block_or_none(t_next < num_blocks ? t_next : t_full));
       t_masked = t_next;
     }
     while (t_full < num_blocks) {
-      const int t_next = next_full(t_full + 1);
-      kv_step(cute::false_type{}, blocks.block_at(t_full), block_or_none(t_next));
+      const int t_next = walk.next_full(t_full + 1);
+      kv_step(cute::false_type{}, blocks.block_at(t_full), walk.block_or_none(t_next));
       t_full = t_next;
     }
     return;

@@ -9,9 +9,9 @@
 //   wait K, tK[n] | issue V, tV[n]  | S = Q K^T, tS = tQ K^T + Q tK^T   (one fused pass over D: smem_gemm.cuh)
 //   wait V, tV[n] | issue K, tK[n'] | P, W;  acc += W V[n] + P tV[n]
 // Blocks are visited in KvBlockRange order, masked blocks first in a loop with the band mask, then the bulk in a
-// mask-free loop, as in fwd_mainloop.cuh (whose loaders and argument structs this reuses). A mask mod (kMaskMod)
-// walks the blocks as the forward's kMaskMod twin does: the mod's empty tiles skipped, its partial ones masked with
-// the bits on top of the band, its full ones mask-free.
+// mask-free loop, as in fwd_mainloop.cuh, whose loaders, argument structs, score masking (mask_scores) and mask-mod
+// walk (MaskModWalk) this reuses. A mask mod (kMaskMod) walks the blocks as the forward's kMaskMod twin does: the
+// mod's empty tiles skipped, its partial ones masked with the bits on top of the band, its full ones mask-free.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -143,13 +143,8 @@ __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g
 
     gemm_smem_smem_with_tangent(tiled_mma, acc_s, acc_ts, tSrQ, tSrTq, tSrK, tSrTk, tSsQ, tSsTq, tSsK, tSsTk,
                                 smem_copy_q, smem_copy_k);
-    if constexpr (kSoftcap) args.transform.apply_softcap(acc_s);
-    Tensor acc_s_rc = common::acc_rowcol_view(acc_s);
+    Tensor acc_s_rc = mask_scores<kBlockN, kSoftcap, kMaskMod>(apply_mask, acc_s, tScS_rc, args, mod, n_block);
     Tensor acc_ts_rc = common::acc_rowcol_view(acc_ts);
-    if constexpr (decltype(apply_mask)::value) args.mask.apply(acc_s_rc, tScS_rc, n_block * kBlockN);
-    if constexpr (kMaskMod && decltype(apply_mask)::value) {
-      mod.bits.template apply<kBlockN>(acc_s_rc, tScS_rc, mod.m_start, n_block * kBlockN);
-    }
 
     // V, tV[n] have landed, and every thread is done reading K, tK[n] (and Q, tQ): K's buffers may be refilled.
     cute::cp_async_wait<0>();
@@ -171,26 +166,11 @@ __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g
 
   const common::KvBlockRange& blocks = args.blocks;
   if constexpr (kMaskMod) {
-    // fwd_mainloop_sm80's walk: visit t (the band's order) is masked when the band masks it or the mod's class is
-    // partial, mask-free when the band does not and the class is full, skipped when the class is empty; the masked
-    // visits first, then the full ones, the (K, tK) prefetch chain linking the blocks actually visited.
-    const int num_blocks = blocks.num_blocks();
-    const int num_masked = blocks.num_masked();
-    auto mod_class = [&](int t) { return mod.classes[blocks.block_at(t)]; };
-    auto next_masked = [&](int t) {
-      while (t < num_blocks &&
-             (mod_class(t) == common::kMaskTileEmpty || (t >= num_masked && mod_class(t) == common::kMaskTileFull))) {
-        ++t;
-      }
-      return t;
-    };
-    auto next_full = [&](int t) {
-      while (t < num_blocks && mod_class(t) != common::kMaskTileFull) ++t;
-      return t;
-    };
-    int t_masked = next_masked(0);
-    int t_full = next_full(num_masked);
-    auto block_or_none = [&](int t) { return t < num_blocks ? blocks.block_at(t) : -1; };
+    // fwd_mainloop_sm80's walk (MaskModWalk), the (K, tK) prefetch chain linking the blocks actually visited.
+    const MaskModWalk walk(blocks, mod.classes);
+    const int num_blocks = walk.num_blocks;
+    int t_masked = walk.next_masked(0);
+    int t_full = walk.next_full(walk.num_masked);
     const int first = t_masked < num_blocks ? t_masked : t_full;
     if (first >= num_blocks) return;
     copy_rows_zero_fill<true>(gmem_copy, gmem_thr_copy.partition_S(g_q), gmem_thr_copy.partition_D(s_q), tQcQ,
@@ -200,13 +180,14 @@ __device__ __forceinline__ void tangent_mainloop_sm80(const GQ& g_q, const GQ& g
     load_pair(cute::true_type{}, tKgK, tKgTk, tKsK, tKsTk, blocks.block_at(first));
     cute::cp_async_fence();
     while (t_masked < num_blocks) {
-      const int t_next = next_masked(t_masked + 1);
-      kv_step(cute::true_type{}, blocks.block_at(t_masked), block_or_none(t_next < num_blocks ? t_next : t_full));
+      const int t_next = walk.next_masked(t_masked + 1);
+      kv_step(cute::true_type{}, blocks.block_at(t_masked),
+              walk.block_or_none(t_next < num_blocks ? t_next : t_full));
       t_masked = t_next;
     }
     while (t_full < num_blocks) {
-      const int t_next = next_full(t_full + 1);
-      kv_step(cute::false_type{}, blocks.block_at(t_full), block_or_none(t_next));
+      const int t_next = walk.next_full(t_full + 1);
+      kv_step(cute::false_type{}, blocks.block_at(t_full), walk.block_or_none(t_next));
       t_full = t_next;
     }
     return;

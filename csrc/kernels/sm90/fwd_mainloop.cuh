@@ -27,6 +27,7 @@
 #include "kernels/sm90/fwd_query_tiling.cuh"
 #include "kernels/sm90/fwd_softmax.cuh"
 #include "kernels/sm90/fwd_varlen_ring.cuh"
+#include "kernels/sm90/mainloop_types.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
@@ -34,14 +35,37 @@ namespace flashjax::sm90 {
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, int kConsumerWarpgroups_,
           int kQStages_, bool kSoftcap_, bool kPackGqa_, bool kSkipIdle_ = false, bool kVarlen_ = false,
           bool kMaskMod_ = false>
-struct FwdMainloopSm90 {
-  using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStagesK = kStagesK_;
-  static constexpr int kStagesV = kStagesV_;
+struct FwdMainloopSm90 : MainloopTypesSm90<Element_, kHeadDim_, kBlockN_, kStagesK_, kStagesV_> {
+  // GEMMs, shared layouts, stage rings and TMA types: mainloop_types.cuh.
+  using Types = MainloopTypesSm90<Element_, kHeadDim_, kBlockN_, kStagesK_, kStagesV_>;
+  using typename Types::Element;
+  using Types::kHeadDim;
+  using Types::kBlockN;
+  using Types::kStagesK;
+  using Types::kStagesV;
+  using Types::kRowsPerWarpgroup;
+  using typename Types::HeadDim;
+  using typename Types::BlockN;
+  using typename Types::WgRows;
+  using typename Types::TiledMmaQK;
+  using typename Types::TiledMmaPV;
+  using typename Types::SmemLayoutAtomQ;
+  using typename Types::SmemLayoutQHalf;
+  using typename Types::SmemLayoutK;
+  using typename Types::SmemLayoutVt;
+  using Types::kQHalfElems;
+  using typename Types::PipelineK;
+  using typename Types::PipelineV;
+  using typename Types::StateK;
+  using typename Types::StateV;
+  using typename Types::ShapeSDHB;
+  using typename Types::StrideSDHB;
+  using typename Types::GmemTensorQK;
+  using typename Types::TmaQ;
+  using typename Types::TmaK;
+  using typename Types::TmaVt;
+  using Types::kTmaBytesKV;
   static_assert(kStagesK >= 2 && kStagesV >= 2);
-  static constexpr int kRowsPerWarpgroup = 64;  // the M of one wgmma
   static constexpr int kConsumerWarpgroups = kConsumerWarpgroups_;
   static constexpr int kQStages = kQStages_;
   static_assert(kQStages == 1 || kQStages == 2);
@@ -51,34 +75,6 @@ struct FwdMainloopSm90 {
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of O += P V: a multiple of 16");
 
-  using HeadDim = cute::Int<kHeadDim>;
-  using BlockN = cute::Int<kBlockN>;
-  using WgRows = cute::Int<kRowsPerWarpgroup>;
-  using StagesK = cute::Int<kStagesK>;
-  using StagesV = cute::Int<kStagesV>;
-
-  // One warpgroup's GEMMs: S = Q K^T with both operands in shared memory (SS), O += P V with P in registers (RS).
-  // V is stored as loaded (D contiguous), which makes it the MN-major B operand of P V.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<WgRows, BlockN, HeadDim>>()));
-  using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<WgRows, HeadDim, BlockN>, cute::GMMA::Major::K,
-                                 cute::GMMA::Major::MN>()));
-
-  // Swizzled shared layouts in the canonical wgmma forms (the same swizzle is what TMA writes).
-  using SmemLayoutAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
-                                                                                       WgRows, HeadDim>());
-  using SmemLayoutQHalf = decltype(cute::tile_to_shape(SmemLayoutAtomQ{}, cute::Shape<WgRows, HeadDim>{}));
-  using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
-                                                                                       BlockN, HeadDim>());
-  using SmemLayoutK = decltype(cute::tile_to_shape(SmemLayoutAtomK{}, cute::Shape<BlockN, HeadDim, StagesK>{}));
-  // V^T view (D, kBlockN, stage) of the row-major V tile: D is the contiguous (MN) mode.
-  using SmemLayoutAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::MN,
-                                                                                        Element, HeadDim, BlockN>());
-  using SmemLayoutVt = decltype(cute::tile_to_shape(SmemLayoutAtomVt{}, cute::Shape<HeadDim, BlockN, StagesV>{},
-                                                    cute::Step<cute::_2, cute::_1, cute::_3>{}));
-
-  static constexpr int kQHalfElems = cute::cosize_v<SmemLayoutQHalf>;  // one warpgroup's 64 rows
   static constexpr int kQElems = kConsumerWarpgroups * kQHalfElems;      // one Q buffer
 
   static constexpr bool kPackGqa = kPackGqa_;  // tiles of packed GQA (fwd_query_tiling.cuh)
@@ -127,10 +123,6 @@ struct FwdMainloopSm90 {
     cute::array_aligned<Element, kQElems, 1024> o;
   };
 
-  using PipelineK = cutlass::PipelineTmaAsync<kStagesK>;
-  using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
-  using StateK = cutlass::PipelineState<kStagesK>;
-  using StateV = cutlass::PipelineState<kStagesV>;
   struct DenseBarrierStorage {
     typename PipelineK::SharedStorage k;
     typename PipelineV::SharedStorage v;
@@ -147,28 +139,11 @@ struct FwdMainloopSm90 {
   };
   using BarrierStorage = std::conditional_t<kVarlen, VarlenBarrierStorage, DenseBarrierStorage>;
 
-  // Global tensors as TMA sees them: (seqlen, D, heads, batch) for Q and K, (D, seqlen, heads, batch) for V^T.
-  // One descriptor covers every batch and head; 64-bit strides.
-  using ShapeSDHB = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideSDHB = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using StrideDSHB = cute::Stride<cute::_1, int64_t, int64_t, int64_t>;
-  using GmemTensorQK = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
-                                                  ShapeSDHB{}, StrideSDHB{}));
-  using GmemTensorVt = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
-                                                  ShapeSDHB{}, StrideDSHB{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, SmemLayoutQHalf{},
-                                            cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
+  // Packed GQA's Q boxes (the other TMA types: mainloop_types.cuh).
   using TmaQChunk = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, SmemLayoutQChunk{},
                                                  cute::Shape<cute::Int<kChunkRows>, HeadDim>{}, cute::_1{}));
-  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{},
-                                            cute::take<0, 2>(SmemLayoutK{}), cute::Shape<BlockN, HeadDim>{},
-                                            cute::_1{}));
-  using TmaVt = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorVt{},
-                                             cute::take<0, 2>(SmemLayoutVt{}), cute::Shape<HeadDim, BlockN>{},
-                                             cute::_1{}));
 
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
 
   struct Arguments {
     const Element* q;

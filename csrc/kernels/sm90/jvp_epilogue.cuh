@@ -39,28 +39,9 @@ struct JvpEpilogueSm90 : TangentEpilogueBase<Mainloop> {
   // stmatrix: the forward's staging copy (fwd_epilogue.cuh), 16-byte rows of 8x8 tiles without bank conflicts.
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
-  struct Params {
-    TmaStoreO tma_o;
-    TmaStoreO tma_t_out;                   // o's layout
-    typename Mainloop::ShapeSDHB shape_o;  // (Sq, D, Hq, B)
-    float* lse;                            // [B, Hq, Sq] (row stride 1); t_lse has the same layout
-    float* t_lse;
-    int64_t lse_batch_stride, lse_head_stride;
-    const float* sinks;                    // [Hq] or nullptr; tsinks is given exactly when sinks is
-    const float* tsinks;
-  };
+  using Params = typename Base::template ParamsOf<TmaStoreO, float>;  // the jvp writes out and lse
 
-  static Params to_params(const JvpParams& p) {
-    return {Base::tma_store_o(p, p.o),
-            Base::tma_store_o(p, p.t_out),
-            Base::shape_o(p),
-            p.lse,
-            p.t_lse,
-            p.lse_batch_stride,
-            p.lse_head_stride,
-            p.sinks,
-            p.tsinks};
-  }
+  static Params to_params(const JvpParams& p) { return Base::template params_of<Params>(p, Base::tma_store_o(p, p.o)); }
 
   // acc_o, acc_t: O and tO (64 x D, this thread's part, relative to stats' row max; zero on a tile without blocks);
   // smem_q_half, smem_tq_half: the warpgroup's Q and tQ halves (free).

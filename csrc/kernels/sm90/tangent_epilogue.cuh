@@ -53,6 +53,25 @@ struct TangentEpilogueBase {
     return make_tma_copy(SM90_TMA_STORE{}, m, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{});
   }
 
+  // Both epilogues' parameters, but for o's TMA (TmaO: the tangent loads the forward's o, the jvp stores its own)
+  // and lse's constness (Lse: the tangent reads lse, the jvp writes it); params_of fills them from the call.
+  template <typename TmaO, typename Lse>
+  struct ParamsOf {
+    TmaO tma_o;
+    TmaStoreO tma_t_out;  // o's layout
+    ShapeSDHB shape_o;    // (Sq, D, Hq, B)
+    Lse* lse;             // [B, Hq, Sq] (row stride 1); t_lse has the same layout
+    float* t_lse;
+    int64_t lse_batch_stride, lse_head_stride;
+    const float* sinks;   // [Hq] or nullptr; tsinks is given exactly when sinks is
+    const float* tsinks;
+  };
+  template <typename Params, typename CallParams, typename TmaO>
+  static Params params_of(const CallParams& p, const TmaO& tma_o) {
+    return {tma_o, tma_store_o(p, p.t_out), shape_o(p), p.lse, p.t_lse, p.lse_batch_stride, p.lse_head_stride,
+            p.sinks, p.tsinks};
+  }
+
   // Params: the epilogue's, whose tma_o (a load or a store) and tma_t_out both kernels' producers prefetch.
   template <typename Params>
   __device__ static void prefetch_tma_descriptors(const Params& params) {
@@ -86,30 +105,14 @@ struct TangentEpilogueSm90 : TangentEpilogueBase<Mainloop> {
   using TmaLoadO = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, typename Mainloop::GmemTensorQK{}, SmemLayoutO{},
                                                 cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
 
-  struct Params {
-    TmaLoadO tma_o;        // the forward's output
-    TmaStoreO tma_t_out;   // its tangent (o's layout)
-    typename Mainloop::ShapeSDHB shape_o;  // (Sq, D, Hq, B)
-    const float* lse;      // [B, Hq, Sq] (row stride 1); t_lse has the same layout
-    float* t_lse;
-    int64_t lse_batch_stride, lse_head_stride;
-    const float* sinks;    // [Hq] or nullptr; tsinks is given exactly when sinks is
-    const float* tsinks;
-  };
+  using Params = typename Base::template ParamsOf<TmaLoadO, const float>;  // tma_o: the forward's output
 
   static Params to_params(const TangentParams& p) {
     using namespace cute;
     Tensor m_o =
         make_tensor(make_gmem_ptr(static_cast<const Element*>(p.o)), Base::shape_o(p), Base::stride_o(p));
-    return {make_tma_copy(SM90_TMA_LOAD{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}),
-            Base::tma_store_o(p, p.t_out),
-            Base::shape_o(p),
-            p.lse,
-            p.t_lse,
-            p.lse_batch_stride,
-            p.lse_head_stride,
-            p.sinks,
-            p.tsinks};
+    return Base::template params_of<Params>(
+        p, make_tma_copy(SM90_TMA_LOAD{}, m_o, SmemLayoutO{}, Shape<WgRows, HeadDim>{}, _1{}));
   }
 
   // The thread's rows' forward lse in log2 units; +inf where the forward found no visible key (lse = -inf) and on

@@ -28,49 +28,45 @@
 #include "kernels/common/band_mask.cuh"
 #include "kernels/common/fast_math.cuh"
 #include "kernels/common/softcap.cuh"
+#include "kernels/sm90/mainloop_types.cuh"
 #include "kernels/sm90/tangent_named_barriers.cuh"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace flashjax::sm90 {
 
 template <typename Element_, int kHeadDim_, int kBlockN_, int kStagesK_, int kStagesV_, bool kSoftcap_>
-struct TangentMainloopSm90 {
-  using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockN = kBlockN_;
-  static constexpr int kStagesK = kStagesK_;
-  static constexpr int kStagesV = kStagesV_;
+struct TangentMainloopSm90 : MainloopTypesSm90<Element_, kHeadDim_, kBlockN_, kStagesK_, kStagesV_> {
+  // The forward's GEMMs, shared layouts, stage rings and TMA types: mainloop_types.cuh.
+  using Types = MainloopTypesSm90<Element_, kHeadDim_, kBlockN_, kStagesK_, kStagesV_>;
+  using typename Types::Element;
+  using Types::kHeadDim;
+  using Types::kBlockN;
+  using Types::kStagesK;
+  using Types::kStagesV;
+  using Types::kRowsPerWarpgroup;
+  using typename Types::HeadDim;
+  using typename Types::BlockN;
+  using typename Types::WgRows;
+  using typename Types::TiledMmaQK;
+  using typename Types::TiledMmaPV;
+  using typename Types::SmemLayoutQHalf;
+  using typename Types::SmemLayoutK;
+  using typename Types::SmemLayoutVt;
+  using Types::kQHalfElems;
+  using typename Types::PipelineK;
+  using typename Types::PipelineV;
+  using typename Types::StateK;
+  using typename Types::StateV;
+  using typename Types::ShapeSDHB;
+  using typename Types::StrideSDHB;
+  using typename Types::TmaQ;
+  using typename Types::TmaK;
+  using typename Types::TmaVt;
   static constexpr bool kSoftcap = kSoftcap_;
-  static constexpr int kRowsPerWarpgroup = 64;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kBlockM = kRowsPerWarpgroup * kConsumerWarpgroups;
   static_assert(kBlockN % 16 == 0, "kBlockN is the K of acc += P V: a multiple of 16");
 
-  using HeadDim = cute::Int<kHeadDim>;
-  using BlockN = cute::Int<kBlockN>;
-  using WgRows = cute::Int<kRowsPerWarpgroup>;
-
-  // The forward's GEMM shapes (fwd_mainloop.cuh): S-like GEMMs SS, K-major; PV-like GEMMs RS, V as the MN-major B.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<WgRows, BlockN, HeadDim>>()));
-  using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<WgRows, HeadDim, BlockN>, cute::GMMA::Major::K,
-                                 cute::GMMA::Major::MN>()));
-
-  using SmemLayoutAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
-                                                                                       WgRows, HeadDim>());
-  using SmemLayoutQHalf = decltype(cute::tile_to_shape(SmemLayoutAtomQ{}, cute::Shape<WgRows, HeadDim>{}));
-  using SmemLayoutAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::K, Element,
-                                                                                       BlockN, HeadDim>());
-  using SmemLayoutK = decltype(cute::tile_to_shape(SmemLayoutAtomK{},
-                                                   cute::Shape<BlockN, HeadDim, cute::Int<kStagesK>>{}));
-  using SmemLayoutAtomVt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<cute::GMMA::Major::MN,
-                                                                                        Element, HeadDim, BlockN>());
-  using SmemLayoutVt = decltype(cute::tile_to_shape(SmemLayoutAtomVt{},
-                                                    cute::Shape<HeadDim, BlockN, cute::Int<kStagesV>>{},
-                                                    cute::Step<cute::_2, cute::_1, cute::_3>{}));
-
-  static constexpr int kQHalfElems = cute::cosize_v<SmemLayoutQHalf>;
   static constexpr int kQElems = kConsumerWarpgroups * kQHalfElems;
 
   // A Q half doubles as its warpgroup's staging buffer of O and then t_out in the epilogue (same shape and swizzle).
@@ -83,10 +79,6 @@ struct TangentMainloopSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> tv;
   };
 
-  using PipelineK = cutlass::PipelineTmaAsync<kStagesK>;
-  using PipelineV = cutlass::PipelineTmaAsync<kStagesV>;
-  using StateK = cutlass::PipelineState<kStagesK>;
-  using StateV = cutlass::PipelineState<kStagesV>;
   struct BarrierStorage {
     typename PipelineK::SharedStorage k;
     typename PipelineV::SharedStorage v;
@@ -94,26 +86,9 @@ struct TangentMainloopSm90 {
     cutlass::arch::ClusterTransactionBarrier o[kConsumerWarpgroups];    // the epilogue's O half landed
   };
 
-  // Global tensors as TMA sees them (the forward's): (seqlen, D, heads, batch), V^T as (D, seqlen, heads, batch).
-  // A tangent has its primal's strides (params.h).
-  using ShapeSDHB = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideSDHB = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using StrideDSHB = cute::Stride<cute::_1, int64_t, int64_t, int64_t>;
-  using GmemTensorQK = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
-                                                  ShapeSDHB{}, StrideSDHB{}));
-  using GmemTensorVt = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)),
-                                                  ShapeSDHB{}, StrideDSHB{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{}, SmemLayoutQHalf{},
-                                            cute::Shape<WgRows, HeadDim>{}, cute::_1{}));
-  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorQK{},
-                                            cute::take<0, 2>(SmemLayoutK{}), cute::Shape<BlockN, HeadDim>{},
-                                            cute::_1{}));
-  using TmaVt = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorVt{},
-                                             cute::take<0, 2>(SmemLayoutVt{}), cute::Shape<HeadDim, BlockN>{},
-                                             cute::_1{}));
-
-  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);   // one of Q, tQ
-  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);  // one of K, tK, V, tV
+  // The global tensors are the forward's; a tangent has its primal's strides (params.h). kTmaBytesKV (the base's)
+  // counts one of K, tK, V, tV.
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);  // one of Q, tQ
 
   struct Arguments {
     const Element *q, *k, *v, *tq, *tk, *tv;
