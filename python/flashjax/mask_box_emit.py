@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flashjax.mask_emit import DEFAULT_FUNCTION_NAME, table_definitions, table_read
+from flashjax.mask_emit import DEFAULT_FUNCTION_NAME, const_literal, table_definitions, table_read
 from flashjax.mask_graph import ConstTable, MaskGraph
 from flashjax.mask_ops import OPS, cxx_int_literal
 from flashjax.mask_trace import MAX_FIELD_RANK
@@ -207,7 +207,7 @@ def emit_box_function(graph: MaskGraph, function_name: str = DEFAULT_FUNCTION_NA
         node = graph.nodes[node_id]
         args = [names[a] for a in node.args]
         if node.op == "const":
-            literals[node_id] = ("true" if node.attr else "false") if node.dtype == "bool" else cxx_int_literal(node.attr)
+            literals[node_id] = const_literal(node)
             names[node_id] = f"fjm_iv_point({cxx_int_literal(int(node.attr))})"
             continue
         if node.op == "index":

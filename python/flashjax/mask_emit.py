@@ -22,7 +22,7 @@ from flashjax.mask_ops import CXX_HELPERS, OPS, cxx_int_literal
 from flashjax.mask_trace import MAX_FIELD_RANK, MAX_FIELDS
 
 __all__ = ["ABI_SOURCE", "DEFAULT_FUNCTION_NAME", "emit_mask_mod_source", "emit_nodes", "table_definitions", "table_read",
-           "cxx_type", "probe_kernel_source"]
+           "const_literal", "cxx_type", "probe_kernel_source"]
 
 DEFAULT_FUNCTION_NAME = "flashjax_mask_mod"
 
@@ -57,7 +57,7 @@ def cxx_type(dtype: str) -> str:
     return "bool" if dtype == "bool" else "int"
 
 
-def _const_literal(node: Node) -> str:
+def const_literal(node: Node) -> str:
     if node.dtype == "bool":
         return "true" if node.attr else "false"
     return cxx_int_literal(node.attr)
@@ -86,7 +86,7 @@ def emit_nodes(graph: MaskGraph, node_ids, expressions: dict[int, str], tables: 
         node = graph.nodes[node_id]
         args = [expressions[a] for a in node.args]
         if node.op == "const":
-            expressions[node_id] = _const_literal(node)
+            expressions[node_id] = const_literal(node)
             continue
         if node.op == "index":
             expressions[node_id] = node.attr

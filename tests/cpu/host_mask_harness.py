@@ -44,15 +44,31 @@ def _field_initializer(name: str, value: np.ndarray) -> str:
     return f"FlashjaxMaskField{{{name}, {{{', '.join(map(str, strides))}}}, {{{', '.join(map(str, shape))}}}}}"
 
 
+def _fields(prefix: str, fields) -> tuple[list[str], list[str]]:
+    """(the fields' static arrays, the lines that declare `f` with them) for one case's function."""
+    arrays = [_array(f"{prefix}_field{j}", f) for j, f in enumerate(fields)]
+    setup = ["  FlashjaxMaskFields f = {};"]
+    setup += [f"  f.field[{j}] = {_field_initializer(f'{prefix}_field{j}', np.asarray(v))};" for j, v in enumerate(fields)]
+    return arrays, setup
+
+
+def _program(preamble: list[str], functions: list[list[str]]) -> str:
+    """The host program: CUDA's qualifiers defined away, the generated sources, one function per case, and a main
+    that runs them in order."""
+    lines = ["#include <cstdio>", "#define __device__", "#define __forceinline__ inline", *preamble]
+    for function in functions:
+        lines += function
+    lines += ["int main() {", *[f"  run{k}();" for k in range(len(functions))], "  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
 def _case_function(k: int, case: HostCase) -> list[str]:
-    lines = [_array(f"case{k}_field{j}", f) for j, f in enumerate(case.fields)]
+    lines, setup = _fields(f"case{k}", case.fields)
     names = ("b", "h", "q", "kv")
     lines += [_array(f"case{k}_{n}", i) for n, i in zip(names, case.indices)]
     sizes = [len(i) for i in case.indices]
-    lines.append(f"static void run_case{k}() {{")
-    lines.append("  FlashjaxMaskFields f = {};")
-    lines += [f"  f.field[{j}] = {_field_initializer(f'case{k}_field{j}', np.asarray(v))};"
-              for j, v in enumerate(case.fields)]
+    lines.append(f"static void run{k}() {{")
+    lines += setup
     loops = "".join(f"for (int i{d} = 0; i{d} < {n}; ++i{d}) " for d, n in enumerate(sizes))
     call = ", ".join(f"case{k}_{n}[i{d}]" for d, n in enumerate(names))
     lines.append(f"  {loops}putchar({case.function_name}({call}, f) ? '1' : '0');")
@@ -61,14 +77,7 @@ def _case_function(k: int, case: HostCase) -> list[str]:
 
 
 def program_source(cases: list[HostCase]) -> str:
-    lines = ["#include <cstdio>", "#define __device__", "#define __forceinline__ inline"]
-    lines += [case.source for case in cases]
-    for k, case in enumerate(cases):
-        lines += _case_function(k, case)
-    lines.append("int main() {")
-    lines += [f"  run_case{k}();" for k in range(len(cases))]
-    lines += ["  return 0;", "}"]
-    return "\n".join(lines) + "\n"
+    return _program([case.source for case in cases], [_case_function(k, case) for k, case in enumerate(cases)])
 
 
 def _compile_and_run(program: str, workdir: Path, stem: str, what: str) -> list[str]:
@@ -105,19 +114,14 @@ class BoxCase:
 def run_boxes_on_host(cases: list[BoxCase], workdir: Path) -> list[np.ndarray]:
     """Each case's box classes, int [n] (FJM_BOX_FALSE / _MIXED / _TRUE), computed by the emitted C++ under the
     sanitizers."""
-    lines = ["#include <cstdio>", "#define __device__", "#define __forceinline__ inline"]
-    lines += [case.source for case in cases]
+    functions = []
     for k, case in enumerate(cases):
-        lines += [_array(f"box{k}_field{j}", f) for j, f in enumerate(case.fields)]
-        lines.append(_array(f"box{k}_boxes", np.asarray(case.boxes, np.int32)))
-        lines.append(f"static void run_box{k}() {{")
-        lines.append("  FlashjaxMaskFields f = {};")
-        lines += [f"  f.field[{j}] = {_field_initializer(f'box{k}_field{j}', np.asarray(v))};"
-                  for j, v in enumerate(case.fields)]
-        lines.append(f"  for (int i = 0; i < {len(case.boxes)}; ++i) {{")
-        lines.append(f"    const int* x = box{k}_boxes + 6 * i;")
-        lines.append(f"    putchar('0' + {case.function_name}_box(x[0], x[1], x[2], x[3], x[4], x[5], f));")
-        lines += ["  }", "  putchar('\\n');", "}"]
-    lines += ["int main() {", *[f"  run_box{k}();" for k in range(len(cases))], "  return 0;", "}"]
-    rows = _compile_and_run("\n".join(lines) + "\n", workdir, "host_boxes", "box functions")
+        lines, setup = _fields(f"box{k}", case.fields)
+        lines += [_array(f"box{k}_boxes", np.asarray(case.boxes, np.int32)), f"static void run{k}() {{", *setup,
+                  f"  for (int i = 0; i < {len(case.boxes)}; ++i) {{", f"    const int* x = box{k}_boxes + 6 * i;",
+                  f"    putchar('0' + {case.function_name}_box(x[0], x[1], x[2], x[3], x[4], x[5], f));",
+                  "  }", "  putchar('\\n');", "}"]
+        functions.append(lines)
+    rows = _compile_and_run(_program([case.source for case in cases], functions), workdir, "host_boxes",
+                            "box functions")
     return [np.frombuffer(row.encode(), np.uint8).astype(int) - ord("0") for row, _ in zip(rows, cases)]

@@ -107,12 +107,12 @@ struct FwdTileSchedulerSm90 {
       params.last_m_block_first = last_blocks > first_blocks || (mask_mod && last_blocks == first_blocks);
       uneven = last_blocks != first_blocks;
     }
-    const bool planned_tail = uneven;
+    bool pairs = uneven;  // hand the bulk out in (heavy, light) pairs where there are enough tiles
     if (mask_mod && !uneven) {
       const int64_t grid = std::min<int64_t>(num_tiles, num_sms);
       const int64_t pair_grid = std::min<int64_t>((num_tiles + 1) / 2, num_sms);
       const auto rounds = [](int64_t units, int64_t ctas) { return (units + ctas - 1) / ctas; };
-      uneven = grid > 0 && pair_grid > 0 && 2 * rounds((num_tiles + 1) / 2, pair_grid) <= rounds(num_tiles, grid);
+      pairs = grid > 0 && pair_grid > 0 && 2 * rounds((num_tiles + 1) / 2, pair_grid) <= rounds(num_tiles, grid);
     }
     params.num_m_blocks = num_m_blocks;
     params.heads = heads;
@@ -120,10 +120,10 @@ struct FwdTileSchedulerSm90 {
     params.m_blocks_divmod = cutlass::FastDivmod(num_m_blocks > 0 ? num_m_blocks : 1);
     params.heads_divmod = cutlass::FastDivmod(heads > 0 ? heads : 1);
     params.bulk_tiles = params.num_tiles;
-    params.paired = uneven && num_tiles >= 2 * int64_t(num_sms);
+    params.paired = pairs && num_tiles >= 2 * int64_t(num_sms);
     const int units = params.paired ? (params.num_tiles + 1) / 2 : params.num_tiles;
     params.grid = std::min(units, num_sms);
-    if (planned_tail && num_tiles > num_sms && num_tiles <= kMaxPlannedTiles && num_sms <= kMaxPlannedCtas &&
+    if (uneven && num_tiles > num_sms && num_tiles <= kMaxPlannedTiles && num_sms <= kMaxPlannedCtas &&
         num_m_blocks <= kMaxTailTiles) {
       plan_tail(params, num_sms, blocks_of);
     }
