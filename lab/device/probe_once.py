@@ -1,5 +1,6 @@
 """One launch each of the kernels a profiler should see for issue 37's pack64 forward row and issue 38's document
-mask (python lab/device/probe_once.py {varlen|bits}; run under ncu from lab/device/probe.sh)."""
+mask and sliding window (python lab/device/probe_once.py {varlen|bits|maskfwd|window}; run under ncu from
+lab/device/probe.sh)."""
 import sys
 from pathlib import Path
 
@@ -47,4 +48,17 @@ def run_maskfwd():
         jax.block_until_ready(fn(q, k, v, mod))
 
 
-{"varlen": run_varlen, "bits": run_bits, "maskfwd": run_maskfwd}[sys.argv[1]]()
+def run_window():
+    # The S 16k sliding-window mod against the native window, forward and pullback (its backward's 0.4 ms excess).
+    S, H, D = 16384, 16, 128
+    mod = flashjax.sliding_window_mask(1024, 0)
+    q, k, v, do = (jax.random.normal(key, (1, S, H, D), jnp.bfloat16) for key in jax.random.split(jax.random.key(0), 4))
+    calls = (lambda q, k, v: flashjax.flash_attn(q, k, v, mask_mod=mod, backend="kernel"),
+             lambda q, k, v: flashjax.flash_attn(q, k, v, window_size=(1024, 0), backend="kernel"))
+    for fn in calls:
+        step = jax.jit(lambda q, k, v, do, fn=fn: jax.vjp(fn, q, k, v)[1](do))
+        for _ in range(2):
+            jax.block_until_ready(step(q, k, v, do))
+
+
+{"varlen": run_varlen, "bits": run_bits, "maskfwd": run_maskfwd, "window": run_window}[sys.argv[1]]()
