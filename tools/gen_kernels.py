@@ -86,8 +86,7 @@ VARLEN: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tang
 # them winning. The sm80 family takes them through its kMaskMod twins, the sm90 forward, backward and tangent through
 # compile-time variants that walk block lists (kernels/common/mask_block_lists.cuh: per query tile its KV blocks, the
 # forward and tangent; mask_query_block_lists.cuh: per key block its query blocks, the backward). deterministic=True
-# with a mask mod has no kernel (dispatch refuses it: the sm90 backward's ordered dq adds count the band's steps,
-# which the lists skip).
+# with a mask mod runs where both flags are set (the sm90 backward: its dq turns count by the lists' tile classes).
 MASK_MOD: set[tuple[str, str]] = {("sm80", "fwd"), ("sm80", "bwd"), ("sm80", "tangent"), ("sm90", "fwd"),
                                   ("sm90", "bwd"), ("sm90", "tangent")}
 # Rows of those pairs that take no mask bits, as (family, direction, head dim, budget): the bits are 32-key words

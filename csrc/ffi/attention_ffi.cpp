@@ -546,6 +546,21 @@ ffi::Error bwd_mask_mod_impl(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
                       &tile_classes);
 }
 
+// deterministic=True with a mask mod: the mask-mod target's operands; its results with the counters that order the
+// dq accumulation between the f32 workspace and the tile classes (workspace_of's order).
+ffi::Error bwd_mask_mod_deterministic_impl(
+    cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o,
+    ffi::Buffer<ffi::F32> lse, ffi::AnyBuffer dout, ffi::Buffer<ffi::U32> mask_bits, ffi::RemainingArgs optional,
+    ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+    ffi::Result<ffi::Buffer<ffi::F32>> dsinks, ffi::Result<ffi::Buffer<ffi::F32>> dq_accum,
+    ffi::Result<ffi::Buffer<ffi::F32>> dpsum, ffi::Result<ffi::Buffer<ffi::F32>> lse_log2,
+    ffi::Result<ffi::Buffer<ffi::S32>> dq_semaphore, ffi::Result<ffi::Buffer<ffi::U8>> tile_classes, bool has_dlse,
+    bool has_sinks, float softcap, float softmax_scale, int32_t window_left, int32_t window_right) {
+  return run_backward(stream, ordinal, q, k, v, o, lse, dout, optional, dq, dk, dv, dsinks, dq_accum, dpsum, lse_log2,
+                      &dq_semaphore, has_dlse, has_sinks, softcap, softmax_scale, window_left, window_right, &mask_bits,
+                      &tile_classes);
+}
+
 // The varlen backward: q, k, v, o, lse [Hq, Tq], dout, the offsets, then the optional seqused_q, seqused_k ([N]
 // int32), dlse ([Hq, Tq]) and sinks ([Hq]) as their flags say; the gradients and the workspace of
 // bwd_varlen_workspace_layout (one slab per query head, rows placed per sequence).
@@ -975,6 +990,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_mask_mod, flashjax::bwd_mask_mod_impl
                               flashjax::with_bwd_attrs(
                                   flashjax::with_bwd_results(
                                       flashjax::bwd_operands().Arg<ffi::Buffer<ffi::U32>>())  // mask_bits
+                                      .Ret<ffi::Buffer<ffi::U8>>()),  // workspace: mask_tile_classes
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashjax_bwd_mask_mod_deterministic, flashjax::bwd_mask_mod_deterministic_impl,
+                              flashjax::with_bwd_attrs(
+                                  flashjax::with_bwd_results(
+                                      flashjax::bwd_operands().Arg<ffi::Buffer<ffi::U32>>())  // mask_bits
+                                      .Ret<ffi::Buffer<ffi::S32>>()   // workspace: dq_semaphore
                                       .Ret<ffi::Buffer<ffi::U8>>()),  // workspace: mask_tile_classes
                               {ffi::Traits::kCmdBufferCompatible});
 

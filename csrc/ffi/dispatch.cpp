@@ -123,14 +123,6 @@ Choice choose_kernel(int device_sm, const std::vector<std::string>& compiled_arc
                     "the tangent kernel, which do)";
     return choice;
   }
-  // deterministic=True with a mask mod: the sm90 backward orders its dq adds by counting the band's steps per query
-  // block (bwd_dq_order.cuh), and its mask-mod variant skips the mod's empty tiles, so the turns would never come;
-  // the sm80 backward adds with atomics. The call's backward runs on the reference.
-  if (problem.mask_mod && problem.deterministic && problem.direction == Direction::kBwd) {
-    choice.reason = "deterministic=True: no backward kernel orders the dq partials of a mask-mod call yet (the "
-                    "sm90 backward's ordered adds count the band's steps, which the mod's empty tiles skip)";
-    return choice;
-  }
   bool code_for_device = false;
   for (const std::string& arch : compiled_archs) code_for_device |= arch_runs_on(arch, device_sm);
   if (!code_for_device) {

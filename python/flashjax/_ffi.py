@@ -30,6 +30,7 @@ TANGENT_TARGET = "flashjax_tangent"  # forward mode: the tangent primitive (prim
 TANGENT_VARLEN_TARGET = "flashjax_tangent_varlen"  # its varlen twin (varlen_kernel.py)
 FWD_MASK_MOD_TARGET = "flashjax_fwd_mask_mod"  # a mask mod's bits and the tile-class workspace (issue 38)
 BWD_MASK_MOD_TARGET = "flashjax_bwd_mask_mod"
+BWD_MASK_MOD_DETERMINISTIC_TARGET = "flashjax_bwd_mask_mod_deterministic"  # with the dq ordering counters
 JVP_TARGET = "flashjax_jvp"  # jax.jvp's fused pass: out, lse and their tangents in one kernel (primitives.py)
 TANGENT_MASK_MOD_TARGET = "flashjax_tangent_mask_mod"  # jax.jvp of a mask-mod call (issue 39)
 FWD_VARLEN_MASK_MOD_TARGET = "flashjax_fwd_varlen_mask_mod"  # varlen with a mask mod's padded bits (varlen_kernel.py)
@@ -37,7 +38,7 @@ BWD_VARLEN_MASK_MOD_TARGET = "flashjax_bwd_varlen_mask_mod"
 KERNEL_TARGETS = (FWD_TARGET, BWD_TARGET, FWD_SPLIT_TARGET, BWD_DETERMINISTIC_TARGET, FWD_VARLEN_TARGET,
                   BWD_VARLEN_TARGET, TANGENT_TARGET, TANGENT_VARLEN_TARGET, FWD_MASK_MOD_TARGET, BWD_MASK_MOD_TARGET,
                   JVP_TARGET, FWD_VARLEN_DYNAMIC_TARGET, TANGENT_MASK_MOD_TARGET, FWD_VARLEN_MASK_MOD_TARGET,
-                  BWD_VARLEN_MASK_MOD_TARGET)
+                  BWD_VARLEN_MASK_MOD_TARGET, BWD_MASK_MOD_DETERMINISTIC_TARGET)
 MASK_BITS_TARGET = "flashjax_mask_bits"  # registered by mask_bits.py with its own state type
 ALL_TARGETS = KERNEL_TARGETS + (MASK_BITS_TARGET,)
 

@@ -173,10 +173,11 @@ def _bwd_lowering(ctx, *args, **params):
     bwd = lowering_plan(ctx.avals_in[0], ctx.avals_in[1], **params)["bwd"]
     if params.get("has_mask_bits"):
         # flashjax_bwd_mask_mod: the required operands, the bits, then dlse and sinks; the f32 workspace and the tile
-        # classes. (deterministic=True with a mask mod has no kernel: the call ran on the reference.)
+        # classes (deterministic=True: its twin, with the dq counters between the two, as the plan lists them).
         order = (0, 1, 2, 3, 4, 5, 8, 6, 7)
         ctx = ctx.replace(avals_in=[ctx.avals_in[i] for i in order])
-        return _ffi_call(_ffi.BWD_MASK_MOD_TARGET, ctx, [args[i] for i in order], {7: "has_dlse", 8: "has_sinks"},
+        target = _ffi.BWD_MASK_MOD_DETERMINISTIC_TARGET if params.get("deterministic") else _ffi.BWD_MASK_MOD_TARGET
+        return _ffi_call(target, ctx, [args[i] for i in order], {7: "has_dlse", 8: "has_sinks"},
                          params, workspace=_workspace_avals(bwd["workspace"]))
     target = _ffi.BWD_DETERMINISTIC_TARGET if params.get("deterministic") else _ffi.BWD_TARGET
     return _ffi_call(target, ctx, args, {6: "has_dlse", 7: "has_sinks"}, params,

@@ -99,7 +99,8 @@ def _run(cfg, mod, inputs, backend):
     def fwd_bwd(q, k, v, sinks, d_out, d_lse, mod):
         def attention(q, k, v, sinks):
             return flashjax.flash_attn(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks,
-                                       softcap=cfg.softcap, mask_mod=mod, return_lse=True, backend=backend)
+                                       softcap=cfg.softcap, mask_mod=mod, return_lse=True,
+                                       deterministic=cfg.deterministic, backend=backend)
 
         (out, lse), vjp = jax.vjp(attention, q, k, v, sinks)
         grads = vjp((d_out.astype(out.dtype), jnp.where(jnp.isfinite(lse), d_lse, 0.0)))
@@ -206,6 +207,44 @@ def test_per_head_lists_of_the_backward_match_reference(mod_name, shape):
             assert np.all(np.isfinite(g))
 
 
+# deterministic=True (the sm90 backward's dQ writers take turns per query block, ranked by the tile classes their
+# lists come from: bwd_dq_order.cuh): matches the reference, and four more runs give the same bits. Documents under a
+# causal band (the grid launched from the last key block), a prefix-LM mod with no band (launch order, many
+# contributors per block, Sk > Sq), per-head classes with GQA, heads whose every tile is empty, a mod window inside a
+# native two-sided one with softcap and sinks, and more key blocks than SMs.
+DETERMINISTIC_CASES = [
+    ("document", _cfg(seqlen_q=1500, seqlen_k=1500, heads_q=8, heads_k=2, causal=True, deterministic=True)),
+    ("prefix_lm", _cfg(dtype="float16", head_dim=64, seqlen_q=1000, seqlen_k=3000, deterministic=True)),
+    ("per_head", _cfg(seqlen_q=700, seqlen_k=1200, heads_q=6, heads_k=2, deterministic=True)),
+    ("some_heads_blind", _cfg(seqlen_q=900, seqlen_k=900, heads_q=4, heads_k=1, causal=True, deterministic=True)),
+    ("sliding_window", _cfg(seqlen_q=1100, seqlen_k=1300, window_size=(300, 100), softcap=5.0, sinks=True,
+                            deterministic=True)),
+    ("causal", _cfg(head_dim=64, batch=1, seqlen_q=17000, seqlen_k=17000, heads_q=1, heads_k=1, deterministic=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DETERMINISTIC_CASES)))
+def test_deterministic_backward_matches_and_repeats_bit_for_bit(case):
+    mod_name, cfg = DETERMINISTIC_CASES[case]
+    if not (_on_hopper() and _sm90_mask_mod("bwd", cfg.head_dim)):
+        pytest.skip("needs an sm90 device and a build whose sm90 backward takes mask mods at this head dim")
+    rng = np.random.default_rng([SEED, 95_000 + case])
+    mod = MODS[mod_name](rng, cfg.batch, cfg.heads_q, max(cfg.seqlen_q, cfg.seqlen_k))
+    inputs = sweep.make_inputs(cfg, rng)
+    q, k, v, sinks, *_ = inputs
+    text = flashjax.explain(q, k, v, causal=cfg.causal, window_size=cfg.window_size, sinks=sinks, softcap=cfg.softcap,
+                            mask_mod=mod, deterministic=True)
+    assert "sm90 backward kernel" in text and "fixed order" in text, text
+    first = _run(cfg, mod, inputs, "kernel")
+    bad = sweep.check(cfg, sweep.compare(cfg, first, _run(cfg, mod, inputs, "reference"), inputs))
+    assert not bad, f"{mod_name} {cfg} (seed {SEED}): {bad}"
+    first_grads = [np.asarray(g) for g in first[2] if g is not None]
+    for repeat in range(4):
+        grads = [np.asarray(g) for g in _run(cfg, mod, inputs, "kernel")[2] if g is not None]
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), first_grads, grads):
+            assert a.tobytes() == b.tobytes(), f"{mod_name} {cfg}: {name} differs in run {repeat + 2}"
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_rows_without_keys_give_zeros_and_no_nan(dtype):
     cfg = _cfg(dtype=dtype, sinks=False)
@@ -264,11 +303,13 @@ def test_explain_names_the_mask_mod_families():
         assert backward_family == ("sm80" if disabled else "sm90"), text
     # The tangent's kernel (test_mask_mod_jvp.py checks its family and its results).
     assert re.search(r"tangent \(jax\.jvp\): sm(80|90) tangent kernel", text), text
-    # deterministic=True: no backward orders a mask-mod call's dq adds, so the call runs on the reference (the kernels
-    # run a call only where both passes have one), saying why.
+    # deterministic=True: the sm90 backward orders a mask-mod call's dq adds; the sm80 backward cannot (atomics), so
+    # there the call runs on the reference (the kernels run a call only where both passes have one), saying why.
     ordered = flashjax.explain(q, k, k, causal=True, mask_mod=flashjax.causal_mask(), deterministic=True)
-    assert "deterministic=True: no backward kernel orders the dq partials of a mask-mod call" in ordered, ordered
-    assert "sm90 backward kernel" not in ordered and "sm80 backward kernel" not in ordered, ordered
+    if backward_family == "sm90":
+        assert "sm90 backward kernel" in ordered and "fixed order" in ordered, ordered
+    else:
+        assert "deterministic=True" in ordered and "sm80 backward kernel" not in ordered, ordered
 
 
 def test_a_mod_the_kernels_cannot_compile_falls_back_or_raises():

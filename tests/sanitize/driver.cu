@@ -132,6 +132,10 @@ const Config kConfigs[] = {
      1, false, Config::kMaskPerHead},
     {2, 130, 257, 6, 3, -1, -1, false, 0.f, true, "mask bits per batch, Sq < Sk, GQA 6/3, D 192, dlse", 192, 1, false,
      Config::kMaskPerBatch},
+    // deterministic=True with a mask mod: the ordered dQ adds ranked by the tile classes (the turns skip the empty tiles
+    // the lists leave out; a wrong count would hang here or read past the counters).
+    {2, 300, 517, 8, 2, -1, 0, true, 0.f, true, "deterministic, mask bits per head, causal Sq < Sk, GQA 8/2, sinks",
+     128, 1, true, Config::kMaskPerHead},
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 

@@ -47,6 +47,14 @@ struct MaskTileClasses {
   }
 };
 
+// One m-block's row of classes as a predicate over its n-blocks: whether the tile is not empty, the rule by which a
+// key block's query-block list keeps a query block (mask_query_block_lists.cuh). The sm90 backward's deterministic dQ
+// writer counts the key blocks ahead of it with it (sm90/bwd_dq_order.cuh).
+struct NonEmptyTiles {
+  const uint8_t* row;  // MaskTileClasses::row of the (batch, head, m-block)
+  __device__ bool operator()(int n_block) const { return row[n_block] != kMaskTileEmpty; }
+};
+
 inline constexpr int kMaskTilesWarps = 4;
 
 // One warp per tile: its lanes read the tile's words (a kBlockN-key row is kBlockN / 32 whole words, since n-blocks

@@ -6,7 +6,10 @@
 // One counter per (batch, query head, query block) in BwdParams::dq_semaphore, zeroed by the launcher. The CTAs
 // that add into a block take turns by rank: a CTA waits until the counter equals the number of contributors ranked
 // before it, adds, waits for its add to complete, and increments. A CTA counts the contributors before it with the
-// same function that gives every CTA its steps (BwdBandMask::m_blocks), so the count is exact for any band.
+// same function that gives every CTA its steps (BwdBandMask::m_blocks), so the count is exact for any band. With a
+// mask mod a CTA visits only the query blocks its list holds (common/mask_query_block_lists.cuh: the band's range less
+// the mod's empty tiles), so the count also asks the tile classes the lists were built from: a key block adds into a
+// query block exactly when its list holds it.
 //
 // Deadlock freedom and speed: a CTA only ever waits for CTAs launched before it (the hardware starts blocks in
 // index order), so the earliest unfinished CTA never waits. Without a right edge to the band every CTA starts at
@@ -34,10 +37,17 @@ struct BwdDqOrder {
   // The key block that CTA index `cta` of `num_n_blocks` works on.
   __device__ int n_block(int cta, int num_n_blocks) const { return from_last ? num_n_blocks - 1 - cta : cta; }
 
+  // Every key block of the band visits its query blocks (no mask mod).
+  struct EveryBandBlock {
+    __device__ bool operator()(int) const { return true; }
+  };
+
   // How many key blocks other than n_block add into query block m_block before it; all lanes of the warp call it
-  // and get the same count.
-  template <int kBlockM, int kBlockN>
-  __device__ int rank(const common::BwdBandMask& mask, int n_block, int num_n_blocks, int m_block) const {
+  // and get the same count. visits(other): whether key block `other` visits m_block where the band says it may (with
+  // a mask mod: common::NonEmptyTiles, its tile is not empty).
+  template <int kBlockM, int kBlockN, typename Visits = EveryBandBlock>
+  __device__ int rank(const common::BwdBandMask& mask, int n_block, int num_n_blocks, int m_block,
+                      const Visits& visits = {}) const {
     const int lane = threadIdx.x % cutlass::NumThreadsPerWarp;
     const int first = from_last ? n_block + 1 : 0;
     const int last = from_last ? num_n_blocks : n_block;  // exclusive
@@ -47,7 +57,7 @@ struct BwdDqOrder {
       bool adds = false;
       if (other < last) {
         const common::MBlockRange range = mask.m_blocks<kBlockM, kBlockN>(other * kBlockN);
-        adds = range.begin <= m_block && m_block < range.end;
+        adds = range.begin <= m_block && m_block < range.end && visits(other);
       }
       count += __popc(__ballot_sync(0xffffffffu, adds));
     }

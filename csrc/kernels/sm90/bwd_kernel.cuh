@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1)
         Mainloop::load(params.mainloop, shared.tensors, shared.barriers, pipeline_q, pipeline_do, n_block, kv_head,
                        batch, steps);
       } else if (warp == 1) {
-        Mainloop::store_dq(params.mainloop, shared.tensors, batch, steps, mask, order, n_block, gridDim.x);
+        Mainloop::store_dq(params.mainloop, shared.tensors, batch, steps, mask, order, n_block, gridDim.x, call);
       }
     }
     return;

@@ -14,10 +14,10 @@
 // rows malformed offsets leave out) are 0, as the reference gives unused rows. deterministic=True is refused with
 // varlen (the counters are laid out per dense batch; dispatch never sends such a call here).
 //
-// A mask mod (mask_bits set; dense, not deterministic: dispatch refuses both combinations): before the main kernel,
-// the tile classes of the backward's tiles and each key block's query-block lists
-// (common/mask_query_block_lists.cuh) into the mask workspace, then the kMaskMod variant of the main kernel, which
-// walks them. deterministic=True is refused because BwdDqOrder's turns count the band's steps, which the lists skip.
+// A mask mod (mask_bits set; dense: dispatch refuses it with varlen): before the main kernel, the tile classes of the
+// backward's tiles and each key block's query-block lists (common/mask_query_block_lists.cuh) into the mask
+// workspace, then the kMaskMod variant of the main kernel, which walks them. With deterministic=True its dQ writer
+// ranks the key blocks by those same classes (bwd_dq_order.cuh), so the turns count the steps the lists keep.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -102,9 +102,9 @@ cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream) {
       (varlen && (params.batch != 1 || params.num_seqs < 0 || params.deterministic))) {
     return cudaErrorInvalidValue;
   }
-  // A mask mod: dense and unordered dQ (dispatch sends no other); launch_bwd_mask_mod checks its workspace.
+  // A mask mod: dense (dispatch sends no other); launch_bwd_mask_mod checks its workspace.
   const bool mask_mod = params.mask_bits != nullptr;
-  if (mask_mod && (varlen || params.deterministic)) return cudaErrorInvalidValue;
+  if (mask_mod && varlen) return cudaErrorInvalidValue;
   if (!detail::tma_compatible<Element>(params.q, params.q_row_stride, params.q_head_stride, params.q_batch_stride) ||
       !detail::tma_compatible<Element>(params.k, params.k_row_stride, params.k_head_stride, params.k_batch_stride) ||
       !detail::tma_compatible<Element>(params.v, params.v_row_stride, params.v_head_stride, params.v_batch_stride) ||

@@ -446,10 +446,11 @@ struct BwdMainloopSm90 {
   // ---- dQ writer: warp 1 of the producer warpgroup ----
   // Per step and MMA warpgroup: wait for its staged dQ share, bulk reduce-add it into the workspace, and once the
   // bulk operation has read the buffer, hand it back. The buffers start free (one arrival each up front). With
-  // deterministic=True the step's adds wait for this CTA's turn at the query block and pass it on once complete.
+  // deterministic=True the step's adds wait for this CTA's turn at the query block and pass it on once complete; with
+  // a mask mod the turn counts only the key blocks whose lists hold the block (call: the classes they came from).
   __device__ static void store_dq(const Params& params, TensorStorage& tensors, int batch, const Steps& steps,
                                   const common::BwdBandMask& mask, const BwdDqOrder& order, int n_block,
-                                  int num_n_blocks) {
+                                  int num_n_blocks, const AttnShape& call) {
     constexpr int kBarrierThreads = 128 + cutlass::NumThreadsPerWarp;
     const bool issuer = cute::elect_one_sync();
     CUTE_UNROLL
@@ -465,7 +466,13 @@ struct BwdMainloopSm90 {
         int* counter = nullptr;
         int turn = 0;
         if (order.enabled()) {  // counted while the MMA warpgroups still work on the step
-          turn = order.rank<kBlockM, kBlockN>(mask, n_block, num_n_blocks, m_block);
+          if constexpr (kMaskMod) {
+            const common::NonEmptyTiles listed{
+                common::MaskTileClasses<kBlockM, kBlockN>::row(call, batch, steps.head_begin + h, m_block)};
+            turn = order.rank<kBlockM, kBlockN>(mask, n_block, num_n_blocks, m_block, listed);
+          } else {
+            turn = order.rank<kBlockM, kBlockN>(mask, n_block, num_n_blocks, m_block);
+          }
           counter = order.semaphores + rows / kBwdDqSemaphoreRows;  // one counter per 64 rows of the slabs
         }
         CUTE_UNROLL
