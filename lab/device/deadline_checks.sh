@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU checks and timings of issues 37 / 38 in one device call, each step bounded by what is left of the call
+# (DEADLINE: epoch seconds; a step runs only with 20 s or more left), most wanted first. After a build on the same
+# machine (tools/device_check.sh build), or with a library built here and carried (python/flashjax/libflashjax.so):
+#   DEADLINE=$(( $(date +%s) + 560 )) STEPS="mask_bench bits_time varlen tests det probe" lab/device/deadline_checks.sh
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD/python:$PWD/tests/gpu" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+O=${OUT:-bench/out}; mkdir -p "$O"
+left() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
+step() {  # step NAME SECONDS CMD...: runs CMD under min(SECONDS, time left - 5), if at least 20 s are left
+  local name=$1 want=$2; shift 2; local l=$(( $(left) - 5 )); (( l < 20 )) && { echo "== $name skipped"; return; }
+  (( want < l )) && l=$want; timeout $l "$@" > "$O/$name.log" 2>&1; echo "== $name rc $? ($l s allowed)"; }
+for s in ${STEPS:-mask_bench bits_time varlen tests det probe}; do case $s in
+  mask_bench) step mask_bench 150 python lab/device/mask_kernels_bench.py
+     grep -E "===|^[a-z].* [0-9]+\.[0-9]{3} |diff|alone" "$O/mask_bench.log" | head -30 ;;
+  bits_time) step bits_time 70 python lab/tools/mask_bits_time.py; tail -12 "$O/bits_time.log" ;;
+  varlen) step varlen 60 python bench/varlen.py --rows '^pack64' --dirs fwd; grep -E "cost|pack" "$O/varlen.log" | tail -3 ;;
+  tests) step tests ${T_TESTS:-200} python -m pytest -q -n 12 -p no:cacheprovider -rf ${TEST_FILES:-tests/gpu/test_mask_mods.py tests/gpu/test_mask_bits.py tests/gpu/test_mask_mod_jvp.py}
+     tail -1 "$O/tests.log"; grep -E "^FAILED|^ERROR" "$O/tests.log" | cut -c1-200 | head -25 ;;
+  det) step det 90 python -m pytest -q -n 6 -p no:cacheprovider -rf "tests/gpu/test_kernels.py::test_deterministic_backward_matches_and_repeats_bit_for_bit"
+     tail -1 "$O/det.log"; grep -E "^FAILED" "$O/det.log" | cut -c1-200 ;;
+  probe) NCU_KERNELS="fwd_kernel|fill" step probe 120 lab/device/probe.sh varlen; cut -c1-700 "$O/probe.log" | head -24 ;;
+esac; done
