@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Profiles for issue 37's pack64 forward row and issue 38's document-mask forward: Nsight Compute durations and
-# memory / occupancy metrics of every kernel the calls launch (lab/device/probe_once.py), summarized as text.
+# Profiles for issue 37's pack64 forward row and issue 38's document-mask forward and sliding-window forward and
+# backward: Nsight Compute durations and memory / occupancy metrics of every kernel the calls launch
+# (lab/device/probe_once.py), summarized as text.
 #   lab/device/probe.sh [varlen] [bits] [maskfwd] [window]   (on a GPU, after tools/device_check.sh build)
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -31,7 +31,6 @@ which only the reference lowerings use (off CUDA: per sequence instead of all Tq
 """
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive

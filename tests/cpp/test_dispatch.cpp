@@ -299,7 +299,7 @@ TEST_F(ChooseKernel, MaskModsTakeTheNewestFamilyThatReadsTheBits) {
   ordered.mask_mod = ordered.deterministic = true;
   std::vector<KernelEntry> with_ordered = rows;  // the sm90 backward takes both flags, and them together
   for (KernelEntry& e : with_ordered) e.deterministic = std::string_view(e.family) == "sm90";
-  const Choice mask_order = choose_kernel(90, archs, ordered, with_ordered, /*smem_per_block_optin=*/0, /*explain=*/true);
+  const Choice mask_order = choose_kernel(90, archs, ordered, with_ordered);  // explains by default
   ASSERT_NE(mask_order.kernel, nullptr) << mask_order.reason;
   EXPECT_STREQ(mask_order.kernel->family, "sm90");
   EXPECT_NE(mask_order.reason.find("fixed order"), std::string::npos) << mask_order.reason;

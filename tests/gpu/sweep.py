@@ -181,6 +181,16 @@ def check(cfg: Config, errors: dict[str, float]) -> list[str]:
     return bad
 
 
+def assert_grads_repeat(first, rerun, what, repeats=4):
+    """deterministic=True: `repeats` more runs (rerun() -> (out, lse, grads)) give the gradients of `first` bit for
+    bit."""
+    first_grads = [np.asarray(g) for g in first[2] if g is not None]
+    for repeat in range(repeats):
+        grads = [np.asarray(g) for g in rerun()[2] if g is not None]
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), first_grads, grads):
+            assert a.tobytes() == b.tobytes(), f"{what}: {name} differs in run {repeat + 2}"
+
+
 def special_value_errors(name, got, want, limit, denominator=None):
     """Where `got` differs from `want` in its NaN or +-inf positions, or in its finite entries beyond `limit`."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)

@@ -167,11 +167,7 @@ def test_deterministic_backward_matches_and_repeats_bit_for_bit(cfg):
     first = sweep.run(cfg, inputs, "kernel")
     bad = sweep.check(cfg, sweep.compare(cfg, first, sweep.run(cfg, inputs, "reference"), inputs))
     assert not bad, f"{cfg}: {bad}"
-    first_grads = [np.asarray(g) for g in first[2] if g is not None]
-    for repeat in range(4):
-        grads = [np.asarray(g) for g in sweep.run(cfg, inputs, "kernel")[2] if g is not None]
-        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), first_grads, grads):
-            assert a.tobytes() == b.tobytes(), f"{cfg}: {name} differs in run {repeat + 2}"
+    sweep.assert_grads_repeat(first, lambda: sweep.run(cfg, inputs, "kernel"), str(cfg))
 
 
 def test_explain_names_the_sm90_backward_on_hopper():

@@ -238,11 +238,7 @@ def test_deterministic_backward_matches_and_repeats_bit_for_bit(case):
     first = _run(cfg, mod, inputs, "kernel")
     bad = sweep.check(cfg, sweep.compare(cfg, first, _run(cfg, mod, inputs, "reference"), inputs))
     assert not bad, f"{mod_name} {cfg} (seed {SEED}): {bad}"
-    first_grads = [np.asarray(g) for g in first[2] if g is not None]
-    for repeat in range(4):
-        grads = [np.asarray(g) for g in _run(cfg, mod, inputs, "kernel")[2] if g is not None]
-        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), first_grads, grads):
-            assert a.tobytes() == b.tobytes(), f"{mod_name} {cfg}: {name} differs in run {repeat + 2}"
+    sweep.assert_grads_repeat(first, lambda: _run(cfg, mod, inputs, "kernel"), f"{mod_name} {cfg}")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
