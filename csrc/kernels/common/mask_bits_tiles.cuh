@@ -24,6 +24,11 @@ namespace flashjax::common {
 
 enum MaskTileClass : uint8_t { kMaskTileEmpty = 0, kMaskTilePartial = 1, kMaskTileFull = 2 };
 
+// Whether a pass visits a tile of this class: the one rule by which a key block's query-block list keeps a query
+// block (mask_query_block_lists.cuh) and the deterministic dQ writer counts the key blocks ahead of it
+// (NonEmptyTiles below), so that the two cannot disagree on a step.
+__host__ __device__ constexpr bool tile_is_visited(uint8_t tile_class) { return tile_class != kMaskTileEmpty; }
+
 // Where the classes of one (batch, query head) start, and how many n-blocks a row of m-block classes holds. The
 // classes are [Bm, Hm, m_blocks, n_blocks]: b and h collapse to 0 where the bits broadcast (stride 0), as the bits do.
 template <int kBlockM, int kBlockN>
@@ -47,12 +52,11 @@ struct MaskTileClasses {
   }
 };
 
-// One m-block's row of classes as a predicate over its n-blocks: whether the tile is not empty, the rule by which a
-// key block's query-block list keeps a query block (mask_query_block_lists.cuh). The sm90 backward's deterministic dQ
-// writer counts the key blocks ahead of it with it (sm90/bwd_dq_order.cuh).
+// One m-block's row of classes as a predicate over its n-blocks (tile_is_visited): the sm90 backward's
+// deterministic dQ writer counts the key blocks ahead of it with it (sm90/bwd_dq_order.cuh).
 struct NonEmptyTiles {
   const uint8_t* row;  // MaskTileClasses::row of the (batch, head, m-block)
-  __device__ bool operator()(int n_block) const { return row[n_block] != kMaskTileEmpty; }
+  __device__ bool operator()(int n_block) const { return tile_is_visited(row[n_block]); }
 };
 
 inline constexpr int kMaskTilesWarps = 4;

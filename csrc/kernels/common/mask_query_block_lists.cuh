@@ -61,7 +61,7 @@ __host__ __device__ inline void build_query_block_list(const MBlockRange& band, 
   int count = 0, partial = 0;
   for (int m = band.begin; m < band.end; ++m) {
     const uint8_t c = classes[m * class_stride];
-    if (c == kMaskTileEmpty) continue;
+    if (!tile_is_visited(c)) continue;
     const int is_partial = c == kMaskTilePartial ? 1 : 0;
     list[kBlockListHeader + count++] = m * 2 + is_partial;
     partial += is_partial;
