@@ -3,6 +3,8 @@
 # (DEADLINE: epoch seconds; a step runs only with 20 s or more left), most wanted first. After a build on the same
 # machine (tools/device_check.sh build), or with a library built here and carried (python/flashjax/libflashjax.so):
 #   DEADLINE=$(( $(date +%s) + 560 )) STEPS="mask_bench bits_time varlen tests det probe" lab/device/deadline_checks.sh
+# (also: probe_window, the ncu durations of the window mod's kernels; sanitize_det, the sanitizers on the
+# deterministic mask-mod config of the driver)
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 O=${OUT:-bench/out}; mkdir -p "$O"
@@ -20,4 +22,11 @@ for s in ${STEPS:-mask_bench bits_time varlen tests det probe}; do case $s in
   det) step det 90 python -m pytest -q -n 6 -p no:cacheprovider -rf "tests/gpu/test_kernels.py::test_deterministic_backward_matches_and_repeats_bit_for_bit"
      tail -1 "$O/det.log"; grep -E "^FAILED" "$O/det.log" | cut -c1-200 ;;
   probe) NCU_KERNELS="fwd_kernel|fill" step probe 120 lab/device/probe.sh varlen; cut -c1-700 "$O/probe.log" | head -24 ;;
+  probe_window) step probe_window 150 lab/device/probe.sh window; grep -E "^-- launch|time_duration" "$O/probe_window.log" | cut -c1-240 | head -40 ;;
+  sanitize_det)  # the sanitizer driver's deterministic mask-mod config (memcheck, racecheck, synccheck), SANITIZE_DRIVER
+     D=${SANITIZE_DRIVER:-$(ls -t build/*/tests/sanitize/flashjax_sanitize 2>/dev/null | head -1)}
+     N=$("$D" --list | grep "deterministic, mask bits per head" | sed -E 's/^\[([0-9]+)\].*/\1/')
+     for tool in memcheck racecheck synccheck; do
+       step "sanitize_det_$tool" 120 "$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)" --tool $tool --kernel-name kns=flashjax --print-limit 20 "$D" --only "$N"
+       grep -E "SUMMARY|FAILED|: ok$" "$O/sanitize_det_$tool.log" | tail -3; done ;;
 esac; done
