@@ -55,19 +55,15 @@ struct MaskQueryBlockLists {
 };
 
 // The list of one (b, h, n-block) from the band's m-block range and the classes of that n-block's column
-// (classes[m * class_stride] is the class of m-block m). Writes the header and the entries into `list`.
+// (classes[m * class_stride] is the class of m-block m). Writes the header and the entries into `list`; the appender
+// as build_block_list's (mask_block_lists.cuh).
+template <class Append = SerialAppend>
 __host__ __device__ inline void build_query_block_list(const MBlockRange& band, const uint8_t* classes,
-                                                       int64_t class_stride, int32_t* list) {
-  int count = 0, partial = 0;
-  for (int m = band.begin; m < band.end; ++m) {
-    const uint8_t c = classes[m * class_stride];
-    if (!tile_is_visited(c)) continue;
-    const int is_partial = c == kMaskTilePartial ? 1 : 0;
-    list[kBlockListHeader + count++] = m * 2 + is_partial;
-    partial += is_partial;
-  }
-  list[0] = count;
-  list[1] = partial;
+                                                       int64_t class_stride, int32_t* list, Append append = {}) {
+  const auto tile_class = [&](int m) { return classes[m * class_stride]; };
+  list[0] = append(list + kBlockListHeader, band.begin, band.end, [&](int m) { return tile_is_visited(tile_class(m)); },
+                   [&](int m) { return m * 2 + (tile_class(m) == kMaskTilePartial ? 1 : 0); }, 0);
+  list[1] = append.count_kept(band.begin, band.end, [&](int m) { return tile_class(m) == kMaskTilePartial; });
 }
 
 template <int kBlockM, int kBlockN>
@@ -76,15 +72,15 @@ __global__ void mask_query_block_lists_kernel(const AttnShape s) {
   using Lists = MaskQueryBlockLists<kBlockM, kBlockN>;
   const int m_blocks = Classes::m_blocks(s), n_blocks = Classes::n_blocks(s);
   const int64_t lists = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * n_blocks;
-  const int64_t index = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= lists) return;
+  const int64_t index = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // one warp per list
+  if (index >= lists) return;  // the whole warp leaves together: WarpAppend's ballots see full warps only
   const int n_block = static_cast<int>(index % n_blocks);
   const int64_t batch_head = index / n_blocks;
   const BwdBandMask band(s.seqlen_q, s.seqlen_k, s.window_left, s.window_right);
   // The column of n_block in the [.., m_blocks, n_blocks] classes of this (b, h).
   const uint8_t* column = s.mask_tile_classes + batch_head * m_blocks * n_blocks + n_block;
   build_query_block_list(band.m_blocks<kBlockM, kBlockN>(n_block * kBlockN), column, n_blocks,
-                         s.mask_block_lists + index * Lists::list_length(s));
+                         s.mask_block_lists + index * Lists::list_length(s), WarpAppend{});
 }
 
 // Classifies the call's tiles (launch_mask_bits_tiles), then lists each key block's query blocks; both on `stream`,
@@ -97,11 +93,11 @@ cudaError_t launch_mask_query_block_lists(const AttnShape& s, cudaStream_t strea
   cudaError_t err = launch_mask_bits_tiles<kBlockM, kBlockN>(s, stream);
   if (err != cudaSuccess) return err;
   if (s.seqlen_k <= 0 || s.batch <= 0 || s.heads_q <= 0) return cudaSuccess;  // no CTA reads a list
-  constexpr int kThreads = 128;
+  constexpr int kListsPerBlock = 4;  // warps
   const int64_t lists = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * Classes::n_blocks(s);
-  const int64_t blocks = (lists + kThreads - 1) / kThreads;
+  const int64_t blocks = (lists + kListsPerBlock - 1) / kListsPerBlock;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  mask_query_block_lists_kernel<kBlockM, kBlockN><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(s);
+  mask_query_block_lists_kernel<kBlockM, kBlockN><<<static_cast<unsigned>(blocks), kListsPerBlock * 32, 0, stream>>>(s);
   return cudaGetLastError();
 }
 
