@@ -3,7 +3,8 @@
 # (DEADLINE: epoch seconds; a step runs only with 20 s or more left), most wanted first. After a build on the same
 # machine (tools/device_check.sh build), or with a library built here and carried (python/flashjax/libflashjax.so):
 #   DEADLINE=$(( $(date +%s) + 560 )) STEPS="mask_bench bits_time varlen tests det probe" lab/device/deadline_checks.sh
-# (also: probe_window, the ncu durations of the window mod's kernels; sanitize_det, the sanitizers on the
+# (also: probe_window, the ncu durations of the window mod's kernels; ncu_maskbwd, the full ncu report of the window
+# mod's backward kernel and the native one's, with the SASS lines that stall most; sanitize_det, the sanitizers on the
 # deterministic mask-mod config of the driver)
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -23,6 +24,14 @@ for s in ${STEPS:-mask_bench bits_time varlen tests det probe}; do case $s in
      tail -1 "$O/det.log"; grep -E "^FAILED" "$O/det.log" | cut -c1-200 ;;
   probe) NCU_KERNELS="fwd_kernel|fill" step probe 120 lab/device/probe.sh varlen; cut -c1-700 "$O/probe.log" | head -24 ;;
   probe_window) step probe_window 150 lab/device/probe.sh window; grep -E "^-- launch|time_duration" "$O/probe_window.log" | cut -c1-240 | head -40 ;;
+  ncu_maskbwd)  # the window mod's backward kernel against the native window's, full sections and per-SASS-line stalls
+     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu); R="$O/ncu_maskbwd"
+     step ncu_maskbwd 240 "$NCU" --set full --clock-control none --import-source no --kernel-name-base demangled \
+       --kernel-name "regex:bwd_kernel_sm90" --launch-skip 1 --launch-count 2 -f -o "$R" python lab/device/probe_once.py window
+     "$NCU" -i "$R.ncu-rep" --page source --csv --print-source sass > "$R.source.csv" 2>&1
+     PATH="$(dirname "$NCU"):$PATH" python lab/tools/ncu_summary.py "$R.ncu-rep" --source-csv "$R.source.csv" > "$R.txt" 2>&1
+     tar -C "$O" -czf "$R.tgz" ncu_maskbwd.ncu-rep ncu_maskbwd.source.csv && rm -f "$R.ncu-rep" "$R.source.csv"
+     head -60 "$R.txt" ;;
   sanitize_det)  # the sanitizer driver's deterministic mask-mod config (memcheck, racecheck, synccheck), SANITIZE_DRIVER
      D=${SANITIZE_DRIVER:-$(ls -t build/*/tests/sanitize/flashjax_sanitize 2>/dev/null | head -1)}
      N=$("$D" --list | grep "deterministic, mask bits per head" | sed -E 's/^\[([0-9]+)\].*/\1/')
