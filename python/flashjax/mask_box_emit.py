@@ -151,27 +151,41 @@ __device__ __forceinline__ fjm_iv fjm_iv_select(fjm_iv p, fjm_iv on_false, fjm_i
   return p.lo == 1 ? on_true : (p.hi == 0 ? on_false : fjm_iv_hull(on_false, on_true));
 }
 // The elements a field read reaches over the box: each index range clamped as fjm_read clamps it (clamping is
-// monotone), then the min and max of at most FJM_BOX_MAX_READS elements.
+// monotone), then the min and max of at most FJM_BOX_MAX_READS elements, walked by nested loops: the bits kernel
+// evaluates a box per 16-row x 32-key word, a document mask's box reads 48 ids, and a flat walk that decoded each
+// element's position with 64-bit division and modulo made those reads most of the kernel's time.
 __device__ __forceinline__ fjm_iv fjm_iv_read(const FlashjaxMaskField& f, fjm_iv i0, fjm_iv i1, fjm_iv i2, fjm_iv i3) {
   if (f.extent[0] <= 0 || f.extent[1] <= 0 || f.extent[2] <= 0 || f.extent[3] <= 0) return fjm_iv_point(0);
   const fjm_iv ranges[4] = {i0, i1, i2, i3};
-  long long lo[4], count[4], elements = 1;
+  long long first[4], last[4], elements = 1;
   for (int d = 0; d < 4; ++d) {
     const long long top = f.extent[d] - 1;
-    lo[d] = fjm_ll_min(fjm_ll_max(ranges[d].lo, 0), top);
-    count[d] = fjm_ll_min(fjm_ll_max(ranges[d].hi, 0), top) - lo[d] + 1;
-    elements *= count[d];
+    first[d] = fjm_ll_min(fjm_ll_max(ranges[d].lo, 0), top);
+    last[d] = fjm_ll_min(fjm_ll_max(ranges[d].hi, 0), top);
+    elements *= last[d] - first[d] + 1;
     if (elements > FJM_BOX_MAX_READS) return fjm_iv_any_int();
   }
+  // The last axis the box varies along becomes the innermost loop (the axes after it hold one element each, so
+  // swapping it with axis 3 walks the same elements): a field read by q or by kv alone is one strided run.
+  long long stride[4] = {f.stride[0], f.stride[1], f.stride[2], f.stride[3]};
+  int run = 3;
+  while (run > 0 && first[run] == last[run]) --run;
+  const long long run_first = first[run], run_last = last[run], run_stride = stride[run];
+  first[run] = first[3], last[run] = last[3], stride[run] = stride[3];
   fjm_iv seen{2147483647LL, -2147483647LL - 1};
-  for (long long e = 0; e < elements; ++e) {
-    long long rest = e, offset = 0;
-    for (int d = 3; d >= 0; --d) {
-      offset += (lo[d] + rest % count[d]) * f.stride[d];
-      rest /= count[d];
+  for (long long i = first[0]; i <= last[0]; ++i) {
+    for (long long j = first[1]; j <= last[1]; ++j) {
+      for (long long k = first[2]; k <= last[2]; ++k) {
+        const int* line = f.data + i * stride[0] + j * stride[1] + k * stride[2];
+#if defined(__CUDACC__)
+#pragma unroll 8
+#endif
+        for (long long l = run_first; l <= run_last; ++l) {  // independent loads: several in flight at once
+          const long long v = line[l * run_stride];
+          seen = fjm_iv{fjm_ll_min(seen.lo, v), fjm_ll_max(seen.hi, v)};
+        }
+      }
     }
-    const long long v = f.data[offset];
-    seen = fjm_iv{fjm_ll_min(seen.lo, v), fjm_ll_max(seen.hi, v)};
   }
   return seen;
 }

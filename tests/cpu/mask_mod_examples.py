@@ -200,6 +200,16 @@ class BothOf(MaskMod):
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockPattern(MaskMod):
+    """A per-batch pattern of 4 x 4 blocks, read by both q and kv: a box's field read varies along two axes."""
+
+    pattern: jax.Array  # [B, blocks_q, blocks_k]
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return self.pattern[b, q_idx // 4, kv_idx // 4] != 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Case:
     name: str
     make: Callable[[np.random.Generator], MaskMod]
@@ -237,6 +247,7 @@ CASES = [
     Case("array_intermediates", lambda rng: ArrayIntermediates(
         _ints(rng, (BATCH, SEQLEN), -9, 9), np.int32(rng.integers(-3, 3)), rng.random(SEQLEN) < 0.2)),
     Case("wrapped", lambda rng: Wrapped()),
+    Case("block_pattern", lambda rng: BlockPattern(_ints(rng, (BATCH, SEQLEN // 4, SEQLEN // 4), 0, 2))),
     Case("both_of", lambda rng: BothOf(masks.document_mask(_doc_ids(rng, BATCH)),
                                        PrefixLMWindow(_ints(rng, (1,), 0, SEQLEN), window=6))),
 ]
