@@ -61,43 +61,56 @@ struct NonEmptyTiles {
 
 inline constexpr int kMaskTilesWarps = 4;
 
-// One warp per tile: its lanes read the tile's words (a kBlockN-key row is kBlockN / 32 whole words, since n-blocks
-// start on word boundaries), each word cut to the tile's valid columns (keys < Sk), and vote.
+// One warp per (b, h, m-block, 32 consecutive words of the bits' rows): lane l reads word l of each of the m-block's
+// rows, so a row is one coalesced 128-byte load and the rows' loads are independent (several in flight), and keeps
+// whether any / all of the word's valid keys (< Sk) are set; the kBlockN / 32 lanes of each tile then combine their
+// votes by shuffles (n-blocks start on word boundaries). A warp per tile, reading 16 bytes of each row, ran at about
+// 1.3 TB/s (window S 16k: 26 us for 33.5 MB, H100).
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kMaskTilesWarps * 32) mask_bits_tiles_kernel(const AttnShape s) {
-  static_assert(kBlockN % 32 == 0, "n-blocks must start on 32-key word boundaries");
+  static_assert(kBlockN % 32 == 0 && 32 % (kBlockN / 32) == 0,
+                "n-blocks must be whole 32-key words, a power-of-two count of them up to 32");
   using Classes = MaskTileClasses<kBlockM, kBlockN>;
-  constexpr int kWordsPerRow = kBlockN / 32;
+  constexpr int kWordsPerTile = kBlockN / 32;
+  constexpr int kTilesPerWarp = 32 / kWordsPerTile;
   const int lane = threadIdx.x % 32;
   const int m_blocks = Classes::m_blocks(s), n_blocks = Classes::n_blocks(s);
-  const int64_t tiles = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * m_blocks * n_blocks;
-  const int64_t tile = int64_t(blockIdx.x) * kMaskTilesWarps + threadIdx.x / 32;
-  if (tile >= tiles) return;  // the whole warp leaves together: the votes below see full warps only
-  const int n_block = static_cast<int>(tile % n_blocks);
-  const int m_block = static_cast<int>(tile / n_blocks % m_blocks);
-  const int64_t batch_head = tile / (int64_t(n_blocks) * m_blocks);
+  const int groups = (n_blocks + kTilesPerWarp - 1) / kTilesPerWarp;  // warps per row of tiles
+  const int64_t tasks = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * m_blocks * groups;
+  const int64_t task = int64_t(blockIdx.x) * kMaskTilesWarps + threadIdx.x / 32;
+  if (task >= tasks) return;  // the whole warp leaves together: the shuffles below see full warps only
+  const int group = static_cast<int>(task % groups);
+  const int m_block = static_cast<int>(task / groups % m_blocks);
+  const int64_t batch_head = task / (int64_t(groups) * m_blocks);
   const int h = static_cast<int>(batch_head % Classes::mask_heads(s));
   const int b = static_cast<int>(batch_head / Classes::mask_heads(s));
 
   const int m_start = m_block * kBlockM;
   const int rows = min(kBlockM, s.seqlen_q - m_start);
-  const int col_end = min(n_block * kBlockN + kBlockN, s.seqlen_k);
-  const uint32_t* words = s.mask_bits + b * s.mask_batch_stride + h * s.mask_head_stride +
-                          int64_t(m_start) * s.mask_words;
-  bool any = false, all = true;
-  for (int i = lane; i < rows * kWordsPerRow; i += 32) {
-    const int row = i / kWordsPerRow;
-    const int word = n_block * kWordsPerRow + i % kWordsPerRow;
-    const int valid = col_end - word * 32;  // keys of this word inside [n_start, min(n_end, Sk))
-    if (valid <= 0 || word >= s.mask_words) continue;
+  const int word = group * 32 + lane;
+  const int valid = s.seqlen_k - word * 32;  // keys of this word below Sk
+  bool any = false, all = true;              // a word past the keys votes neither way
+  if (valid > 0 && word < s.mask_words) {
     const uint32_t keep = valid >= 32 ? 0xffffffffu : (1u << valid) - 1u;
-    const uint32_t bits = words[int64_t(row) * s.mask_words + word] & keep;
-    any |= bits != 0u;
-    all &= bits == keep;
+    const uint32_t* column = s.mask_bits + b * s.mask_batch_stride + h * s.mask_head_stride +
+                             int64_t(m_start) * s.mask_words + word;
+#pragma unroll 8
+    for (int row = 0; row < rows; ++row) {
+      const uint32_t bits = column[int64_t(row) * s.mask_words] & keep;
+      any |= bits != 0u;
+      all &= bits == keep;
+    }
   }
-  any = __any_sync(0xffffffffu, any);
-  all = __all_sync(0xffffffffu, all);
-  if (lane == 0) s.mask_tile_classes[tile] = !any ? kMaskTileEmpty : all ? kMaskTileFull : kMaskTilePartial;
+#pragma unroll
+  for (int offset = 1; offset < kWordsPerTile; offset *= 2) {  // the tile's lanes are aligned groups of kWordsPerTile
+    any = __shfl_xor_sync(0xffffffffu, int(any), offset) != 0 || any;
+    all = __shfl_xor_sync(0xffffffffu, int(all), offset) != 0 && all;
+  }
+  const int n_block = group * kTilesPerWarp + lane / kWordsPerTile;
+  if (lane % kWordsPerTile == 0 && n_block < n_blocks) {
+    s.mask_tile_classes[(batch_head * m_blocks + m_block) * n_blocks + n_block] =
+        !any ? kMaskTileEmpty : all ? kMaskTileFull : kMaskTilePartial;
+  }
 }
 
 // Classifies the tiles of a call with mask bits (a no-op without): the launchers call it on their stream first, with
@@ -109,9 +122,10 @@ cudaError_t launch_mask_bits_tiles(const AttnShape& s, cudaStream_t stream) {
   // A shape with offsets is not a grid: varlen launchers pass mask_bits_grid(params).
   if (s.mask_tile_classes == nullptr || s.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;
   if (s.seqlen_q <= 0 || s.seqlen_k <= 0 || s.batch <= 0 || s.heads_q <= 0) return cudaSuccess;  // no tile
-  const int64_t tiles = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * Classes::m_blocks(s) *
-                        Classes::n_blocks(s);
-  const int64_t blocks = (tiles + kMaskTilesWarps - 1) / kMaskTilesWarps;
+  constexpr int kTilesPerWarp = 32 / (kBlockN / 32);
+  const int64_t warps = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * Classes::m_blocks(s) *
+                        ((Classes::n_blocks(s) + kTilesPerWarp - 1) / kTilesPerWarp);
+  const int64_t blocks = (warps + kMaskTilesWarps - 1) / kMaskTilesWarps;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   mask_bits_tiles_kernel<kBlockM, kBlockN>
       <<<static_cast<unsigned>(blocks), kMaskTilesWarps * 32, 0, stream>>>(s);
