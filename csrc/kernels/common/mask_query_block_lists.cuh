@@ -31,8 +31,12 @@ struct ListedMBlocks {
   int count = 0;
   __host__ __device__ int first() const { return 0; }
   __host__ __device__ int last() const { return count; }
-  __host__ __device__ int m_block(int t) const { return list[kBlockListHeader + t] >> 1; }
-  __host__ __device__ bool partial(int t) const { return (list[kBlockListHeader + t] & 1) != 0; }
+  __host__ __device__ int m_block(int t) const { return m_block_of(entry(t)); }
+  __host__ __device__ bool partial(int t) const { return partial_of(entry(t)); }
+  // Step t's entry, read once where a loop needs both its block and its flag (the reads are global loads).
+  __host__ __device__ int entry(int t) const { return list[kBlockListHeader + t]; }
+  __host__ __device__ static int m_block_of(int entry) { return entry >> 1; }
+  __host__ __device__ static bool partial_of(int entry) { return (entry & 1) != 0; }
 };
 
 // Where the lists of a call live, from its AttnShape; kBlockM x kBlockN are the backward's tiles.

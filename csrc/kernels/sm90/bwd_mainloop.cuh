@@ -579,7 +579,11 @@ struct BwdMainloopSm90 {
       const auto blocks = steps.blocks(h);
       CUTE_NO_UNROLL
       for (int t = blocks.first(); t < blocks.last(); ++t) {
-        const int m_block = blocks.m_block(t);
+        // A mask mod's step: its list entry read once, before the waits (block and flag in one global load).
+        [[maybe_unused]] int entry = 0;
+        if constexpr (kMaskMod) entry = blocks.entry(t);
+        const int m_block = kMaskMod ? common::ListedMBlocks::m_block_of(entry) : blocks.m_block(t);
+        [[maybe_unused]] const bool partial = kMaskMod && common::ListedMBlocks::partial_of(entry);
         const int m_start = m_block * kBlockM;
         const int stage = read.index();
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<BlockN, BlockM>{});
@@ -604,7 +608,7 @@ struct BwdMainloopSm90 {
         // A partial tile of the mask mod: the thread's bits, loaded while the GEMMs run (applied after the band's).
         [[maybe_unused]] uint32_t keep = ~0u;
         if constexpr (kMaskMod) {
-          if (blocks.partial(t)) keep = steps.bits_of(h).keep_transposed(coords_rc, m_start, n_start);
+          if (partial) keep = steps.bits_of(h).keep_transposed(coords_rc, m_start, n_start);
         }
         warpgroup_wait<1>();  // S^T is complete; dP^T may still run
         warpgroup_fence_operand(acc_s);
@@ -622,7 +626,7 @@ struct BwdMainloopSm90 {
           mask.apply_transposed(s_rc, coords_rc, m_start, n_start);
         }
         if constexpr (kMaskMod) {  // the mod's bits on partial tiles, after the band (full tiles: the band alone)
-          if (blocks.partial(t)) common::MaskBitsRows::apply_keep(s_rc, keep);
+          if (partial) common::MaskBitsRows::apply_keep(s_rc, keep);
         }
         // P^T = exp2(s * scale log2e - LSE log2e); each thread's columns are queries, 2 keys per column.
         const float* lse_log2 = tensors.lse_log2.data() + stage * kBlockM;
