@@ -2,10 +2,11 @@
 # The GPU checks and timings of issues 37 / 38 in one device call, each step bounded by what is left of the call
 # (DEADLINE: epoch seconds; a step runs only with 20 s or more left), most wanted first. After a build on the same
 # machine (tools/device_check.sh build), or with a library built here and carried (python/flashjax/libflashjax.so):
-#   DEADLINE=$(( $(date +%s) + 560 )) STEPS="mask_bench bits_time varlen tests det probe" lab/device/deadline_checks.sh
-# (also: probe_window, the ncu durations of the window mod's kernels; ncu_maskbwd, the full ncu report of the window
-# mod's backward kernel and the native one's, with the SASS lines that stall most; sanitize_det, the sanitizers on the
-# deterministic mask-mod config of the driver)
+#   DEADLINE=$(( $(date +%s) + 560 )) lab/device/deadline_checks.sh
+# Steps (STEPS; default: tests det mask_bench bits_time probe_window ncu_maskbwd): the mask GPU tests, the
+# deterministic ones, the mask bench, the bits kernel's time, the ncu durations of the window mod's kernels, the full
+# ncu report of its backward kernel beside the native one's (the SASS lines that stall most); also varlen (the pack64
+# row), probe (ncu of the varlen forward) and sanitize_det (the sanitizers on the deterministic mask-mod config).
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD/python:$PWD/tests/gpu" PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 O=${OUT:-bench/out}; mkdir -p "$O"
@@ -13,7 +14,7 @@ left() { echo $(( ${DEADLINE:?} - $(date +%s) )); }
 step() {  # step NAME SECONDS CMD...: runs CMD under min(SECONDS, time left - 5), if at least 20 s are left
   local name=$1 want=$2; shift 2; local l=$(( $(left) - 5 )); (( l < 20 )) && { echo "== $name skipped"; return; }
   (( want < l )) && l=$want; timeout $l "$@" > "$O/$name.log" 2>&1; echo "== $name rc $? ($l s allowed)"; }
-for s in ${STEPS:-mask_bench bits_time varlen tests det probe}; do case $s in
+for s in ${STEPS:-tests det mask_bench bits_time probe_window ncu_maskbwd}; do case $s in
   mask_bench) step mask_bench 150 python lab/device/mask_kernels_bench.py
      grep -E "===|^[a-z].* [0-9]+\.[0-9]{3} |diff|alone" "$O/mask_bench.log" | head -30 ;;
   bits_time) step bits_time 70 python lab/tools/mask_bits_time.py; tail -12 "$O/bits_time.log" ;;
