@@ -62,10 +62,12 @@ struct NonEmptyTiles {
 inline constexpr int kMaskTilesWarps = 4;
 
 // One warp per (b, h, m-block, 32 consecutive words of the bits' rows): lane l reads word l of each of the m-block's
-// rows, so a row is one coalesced 128-byte load and the rows' loads are independent (several in flight), and keeps
-// whether any / all of the word's valid keys (< Sk) are set; the kBlockN / 32 lanes of each tile then combine their
-// votes by shuffles (n-blocks start on word boundaries). A warp per tile, reading 16 bytes of each row, ran at about
-// 1.3 TB/s (window S 16k: 26 us for 33.5 MB, H100).
+// rows, so a row is one coalesced load of 128 bytes (one or two cache lines) and the rows' loads are independent
+// (several in flight), and keeps whether any / all of the word's valid keys (< Sk) are set; the kBlockN / 32 lanes of
+// each tile then combine their votes by shuffles (n-blocks start on word boundaries). A warp per tile, reading 16
+// bytes of each row, ran at about 1.3 TB/s (window S 16k: 26 us for 33.5 MB, H100). Below Sk = 1024 a row has fewer
+// than 32 words and the warp's other lanes idle (each active lane walks all kBlockM rows): spreading the rows over
+// them is the next step if short calls show it.
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kMaskTilesWarps * 32) mask_bits_tiles_kernel(const AttnShape s) {
   static_assert(kBlockN % 32 == 0 && 32 % (kBlockN / 32) == 0,
