@@ -61,23 +61,32 @@ struct NonEmptyTiles {
 
 inline constexpr int kMaskTilesWarps = 4;
 
-// One warp per (b, h, m-block, 32 consecutive words of the bits' rows): lane l reads word l of each of the m-block's
-// rows, so a row is one coalesced load of 128 bytes (one or two cache lines) and the rows' loads are independent
-// (several in flight), and keeps whether any / all of the word's valid keys (< Sk) are set; the kBlockN / 32 lanes of
-// each tile then combine their votes by shuffles (n-blocks start on word boundaries). A warp per tile, reading 16
-// bytes of each row, ran at about 1.3 TB/s (window S 16k: 26 us for 33.5 MB, H100). Below Sk = 1024 a row has fewer
-// than 32 words and the warp's other lanes idle (each active lane walks all kBlockM rows): spreading the rows over
-// them is the next step if short calls show it.
+// How many words of a row one warp of mask_bits_tiles_kernel covers: 32, or where a row of tiles has fewer words,
+// the least power of two that holds them (at least one tile's); its other lanes then take other rows.
+template <int kBlockN>
+__host__ __device__ inline int mask_tiles_span(int n_blocks) {
+  int span = kBlockN / 32;
+  while (span < 32 && span < n_blocks * (kBlockN / 32)) span *= 2;
+  return span;
+}
+
+// One warp per (b, h, m-block, `span` consecutive words of the bits' rows): lane l reads word l % span of rows
+// l / span, l / span + 32 / span, ... of the m-block, so a row is one coalesced load of up to 128 bytes (one or two
+// cache lines) and the loads are independent (several in flight), and keeps whether any / all of the word's valid
+// keys (< Sk) are set; the lanes of one word, then the kBlockN / 32 words of each tile, combine their votes by
+// shuffles (n-blocks start on word boundaries). A warp per tile, reading 16 bytes of each row, ran at about 1.3 TB/s
+// (window S 16k: 26 us for 33.5 MB, H100).
 template <int kBlockM, int kBlockN>
 __global__ void __launch_bounds__(kMaskTilesWarps * 32) mask_bits_tiles_kernel(const AttnShape s) {
   static_assert(kBlockN % 32 == 0 && 32 % (kBlockN / 32) == 0,
                 "n-blocks must be whole 32-key words, a power-of-two count of them up to 32");
   using Classes = MaskTileClasses<kBlockM, kBlockN>;
   constexpr int kWordsPerTile = kBlockN / 32;
-  constexpr int kTilesPerWarp = 32 / kWordsPerTile;
   const int lane = threadIdx.x % 32;
   const int m_blocks = Classes::m_blocks(s), n_blocks = Classes::n_blocks(s);
-  const int groups = (n_blocks + kTilesPerWarp - 1) / kTilesPerWarp;  // warps per row of tiles
+  const int span = mask_tiles_span<kBlockN>(n_blocks);
+  const int tiles_per_warp = span / kWordsPerTile;
+  const int groups = (n_blocks + tiles_per_warp - 1) / tiles_per_warp;  // warps per row of tiles
   const int64_t tasks = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * m_blocks * groups;
   const int64_t task = int64_t(blockIdx.x) * kMaskTilesWarps + threadIdx.x / 32;
   if (task >= tasks) return;  // the whole warp leaves together: the shuffles below see full warps only
@@ -89,27 +98,30 @@ __global__ void __launch_bounds__(kMaskTilesWarps * 32) mask_bits_tiles_kernel(c
 
   const int m_start = m_block * kBlockM;
   const int rows = min(kBlockM, s.seqlen_q - m_start);
-  const int word = group * 32 + lane;
+  const int word = group * span + lane % span;
   const int valid = s.seqlen_k - word * 32;  // keys of this word below Sk
   bool any = false, all = true;              // a word past the keys votes neither way
   if (valid > 0 && word < s.mask_words) {
     const uint32_t keep = valid >= 32 ? 0xffffffffu : (1u << valid) - 1u;
     const uint32_t* column = s.mask_bits + b * s.mask_batch_stride + h * s.mask_head_stride +
                              int64_t(m_start) * s.mask_words + word;
+    const int row_step = 32 / span;
 #pragma unroll 8
-    for (int row = 0; row < rows; ++row) {
+    for (int row = lane / span; row < rows; row += row_step) {
       const uint32_t bits = column[int64_t(row) * s.mask_words] & keep;
       any |= bits != 0u;
       all &= bits == keep;
     }
   }
-#pragma unroll
-  for (int offset = 1; offset < kWordsPerTile; offset *= 2) {  // the tile's lanes are aligned groups of kWordsPerTile
+  // The lanes of one word (lane % span equal: xor by multiples of span), then the words of one tile (aligned groups
+  // of kWordsPerTile lanes).
+  for (int offset = 32 / 2; offset >= 1; offset /= 2) {
+    if (offset < span && offset >= kWordsPerTile) continue;  // a different tile's word: not combined
     any = __shfl_xor_sync(0xffffffffu, int(any), offset) != 0 || any;
     all = __shfl_xor_sync(0xffffffffu, int(all), offset) != 0 && all;
   }
-  const int n_block = group * kTilesPerWarp + lane / kWordsPerTile;
-  if (lane % kWordsPerTile == 0 && n_block < n_blocks) {
+  const int n_block = group * tiles_per_warp + lane % span / kWordsPerTile;
+  if (lane < span && lane % kWordsPerTile == 0 && n_block < n_blocks) {
     s.mask_tile_classes[(batch_head * m_blocks + m_block) * n_blocks + n_block] =
         !any ? kMaskTileEmpty : all ? kMaskTileFull : kMaskTilePartial;
   }
@@ -124,9 +136,9 @@ cudaError_t launch_mask_bits_tiles(const AttnShape& s, cudaStream_t stream) {
   // A shape with offsets is not a grid: varlen launchers pass mask_bits_grid(params).
   if (s.mask_tile_classes == nullptr || s.cu_seqlens_q != nullptr) return cudaErrorInvalidValue;
   if (s.seqlen_q <= 0 || s.seqlen_k <= 0 || s.batch <= 0 || s.heads_q <= 0) return cudaSuccess;  // no tile
-  constexpr int kTilesPerWarp = 32 / (kBlockN / 32);
+  const int tiles_per_warp = mask_tiles_span<kBlockN>(Classes::n_blocks(s)) / (kBlockN / 32);
   const int64_t warps = int64_t(Classes::mask_batches(s)) * Classes::mask_heads(s) * Classes::m_blocks(s) *
-                        ((Classes::n_blocks(s) + kTilesPerWarp - 1) / kTilesPerWarp);
+                        ((Classes::n_blocks(s) + tiles_per_warp - 1) / tiles_per_warp);
   const int64_t blocks = (warps + kMaskTilesWarps - 1) / kMaskTilesWarps;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
   mask_bits_tiles_kernel<kBlockM, kBlockN>
