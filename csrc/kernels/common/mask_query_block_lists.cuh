@@ -35,6 +35,8 @@ struct ListedMBlocks {
   __host__ __device__ bool partial(int t) const { return partial_of(entry(t)); }
   // Step t's entry, read once where a loop needs both its block and its flag (the reads are global loads).
   __host__ __device__ int entry(int t) const { return list[kBlockListHeader + t]; }
+  // The entry encoding, both ways: m_block * 2 + partial.
+  __host__ __device__ static int entry_of(int m_block, bool partial) { return m_block * 2 + (partial ? 1 : 0); }
   __host__ __device__ static int m_block_of(int entry) { return entry >> 1; }
   __host__ __device__ static bool partial_of(int entry) { return (entry & 1) != 0; }
 };
@@ -66,7 +68,7 @@ __host__ __device__ inline void build_query_block_list(const MBlockRange& band, 
                                                        int64_t class_stride, int32_t* list, Append append = {}) {
   const auto tile_class = [&](int m) { return classes[m * class_stride]; };
   list[0] = append(list + kBlockListHeader, band.begin, band.end, [&](int m) { return tile_is_visited(tile_class(m)); },
-                   [&](int m) { return m * 2 + (tile_class(m) == kMaskTilePartial ? 1 : 0); }, 0);
+                   [&](int m) { return ListedMBlocks::entry_of(m, tile_class(m) == kMaskTilePartial); }, 0);
   list[1] = append.count_kept(band.begin, band.end, [&](int m) { return tile_class(m) == kMaskTilePartial; });
 }
 
